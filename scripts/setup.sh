@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs everything shmtrace needs to build and run, idempotently.
+# Fast when already present: each step checks before it installs.
+#   scripts/setup.sh          build prerequisites (rust-src, LLVM 22, bpf-linker)
+#   scripts/setup.sh --test   also the test workloads (bpftool, tmux, Debian and PyPI PyTorch)
+set -euo pipefail
+
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+    say "must run as root (installs packages); try: sudo $0 $*"
+    exit 1
+fi
+
+apt_updated=0
+apt_install() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    if [[ $apt_updated -eq 0 ]]; then
+        say "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_updated=1
+    fi
+    say "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Rust eBPF target needs core built from source.
+if ! rustup component list --installed 2>/dev/null | grep -q '^rust-src'; then
+    say "rustup component add rust-src"
+    rustup component add rust-src
+fi
+
+# bpf-linker must link against the same LLVM major as rustc (22 for Rust 1.95).
+apt_install llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev
+if ! command -v bpf-linker >/dev/null 2>&1 && [[ ! -x "$HOME/.cargo/bin/bpf-linker" ]]; then
+    say "cargo install bpf-linker (about 3 minutes)"
+    LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 cargo install --locked bpf-linker \
+        --no-default-features --features llvm-22
+fi
+
+if [[ $want_test -eq 1 ]]; then
+    # bpftool: tests check nothing stays attached. tmux: live-view tests.
+    # python3-torch: Debian's PyTorch 1.13 (SIGBUS path).
+    apt_install bpftool tmux python3-torch python3-venv
+    # PyPI's PyTorch (posix_fallocate ENOSPC path), kept outside the checkout.
+    venv=${SHMTRACE_TORCH_VENV:-/var/cache/shmtrace/torch-venv}
+    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+        say "pip install torch into $venv (several minutes, ~5 GB)"
+        /usr/bin/python3 -m venv "$venv"
+        "$venv/bin/pip" install -q torch
+    fi
+fi
+say "ready"

@@ -1,0 +1,241 @@
+//! Types shared by the eBPF programs and user space: the event record, the
+//! kernel offsets user space hands in, and the map keys and flags.
+//!
+//! Every layout here is `#[repr(C)]` and read byte-for-byte on both sides:
+//! change it in one place and both sides follow.
+#![no_std]
+
+/// `f_type` / `s_magic` of tmpfs and shmem.
+pub const TMPFS_MAGIC: u64 = 0x0102_1994;
+/// Bytes of `comm` (TASK_COMM_LEN).
+pub const COMM_LEN: usize = 16;
+/// Bytes kept of one dentry name.
+pub const NAME_LEN: usize = 64;
+/// Bytes kept of a user path (openat) or an exec file name.
+pub const PATH_LEN: usize = 128;
+
+pub const SIGBUS: u32 = 7;
+pub const ENOMEM: i64 = 12;
+pub const EFBIG: i64 = 27;
+pub const ENOSPC: i64 = 28;
+pub const EDQUOT: i64 = 122;
+
+/// Value flags in the `TRACED` map (key: tgid).
+pub mod traced {
+    /// Report this process's events.
+    pub const REPORT: u32 = 1;
+    /// Trace the processes it forks (set on shmtrace itself while it spawns `run`'s command).
+    pub const FOLLOW: u32 = 2;
+}
+
+/// Indexes into the per-CPU `LOST` counters.
+pub mod lost {
+    /// An ordinary event (fork, exec, exit, mmap...) found its ring buffer full.
+    pub const EVENT: u32 = 0;
+    /// A failure event found its ring buffer full.
+    pub const FAILURE: u32 = 1;
+    /// A new child could not be added to the traced set (map full).
+    pub const TRACED_FULL: u32 = 2;
+    pub const COUNT: u32 = 3;
+}
+
+/// What an [`Event`] records. The meaning of `ret` and `args` depends on it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A traced process forked a new process. `args[0]` = child pid.
+    Fork = 1,
+    /// A traced process called execve. `path` = file name, `args[0]` = old pid.
+    Exec = 2,
+    /// A traced thread exited. `ret` = kernel exit code (status << 8 | signal),
+    /// `args[0]` = 1 when the whole thread group is gone.
+    Exit = 3,
+    /// A SIGBUS was generated for a traced process. `ret` = si_errno,
+    /// args: [0] signal, [1] si_code, [2] si_addr, [3] target tgid,
+    /// [4] target tid, [5] result | group << 32. The header is the sender.
+    SignalGenerate = 4,
+    /// A SIGBUS is being delivered. args: [0] signal, [1] si_code,
+    /// [2] sa_handler (0 = default action: the process dies).
+    SignalDeliver = 5,
+    /// A syscall of a traced process failed. `ret` = -errno, `args` = the
+    /// syscall's arguments, `file` = the tmpfs file of its fd (when it has one),
+    /// `path` = the user path (openat).
+    SyscallFail = 6,
+    /// A traced process mapped a tmpfs file. `ret` = address, `args` = mmap's
+    /// arguments, `file` = the file.
+    Map = 7,
+    /// A traced process unmapped a range. args: [0] address, [1] length.
+    Unmap = 8,
+    /// A traced process moved or resized a mapping. `ret` = new address,
+    /// args: [0] old address, [1] old length, [2] new length.
+    Remap = 9,
+    /// The OOM killer chose a traced process. `args[0]` = victim pid.
+    OomVictim = 10,
+}
+
+impl EventKind {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Fork,
+            2 => Self::Exec,
+            3 => Self::Exit,
+            4 => Self::SignalGenerate,
+            5 => Self::SignalDeliver,
+            6 => Self::SyscallFail,
+            7 => Self::Map,
+            8 => Self::Unmap,
+            9 => Self::Remap,
+            10 => Self::OomVictim,
+            _ => return None,
+        })
+    }
+}
+
+/// A tmpfs file as the kernel saw it when the event happened.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FileInfo {
+    /// 1 when this record is filled (the fd was a tmpfs file).
+    pub valid: u32,
+    /// Kernel-encoded device (major << 20 | minor) of the tmpfs superblock.
+    pub dev: u32,
+    pub ino: u64,
+    /// i_size in bytes.
+    pub size: i64,
+    /// i_blocks: 512-byte units actually allocated.
+    pub blocks: u64,
+    /// 0 once the file is unlinked.
+    pub nlink: u32,
+    /// Number of '/' steps from the file to the tmpfs root (1 = top level);
+    /// 0 when unknown or deeper than the two names kept.
+    pub depth: u32,
+    /// Size limit of the mount, in pages (0 = unlimited).
+    pub fs_max_pages: u64,
+    /// Pages in use on the mount (per-CPU counter: approximate).
+    pub fs_used_pages: i64,
+    /// The file's name and its parent directory's name (NUL-padded).
+    pub name: [u8; NAME_LEN],
+    pub parent: [u8; NAME_LEN],
+}
+
+/// The one record every program sends. Fixed size, 8-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Event {
+    pub kind: u32,
+    /// Syscall number, for syscall events.
+    pub syscall: u32,
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Parent's tgid (real_parent).
+    pub ppid: u32,
+    /// Mount namespace inode number (0 when unknown).
+    pub mnt_ns: u32,
+    /// cgroup v2 id of the task.
+    pub cgroup_id: u64,
+    pub comm: [u8; COMM_LEN],
+    pub ret: i64,
+    pub args: [u64; 6],
+    pub file: FileInfo,
+    pub path: [u8; PATH_LEN],
+}
+
+impl Event {
+    pub const SIZE: usize = core::mem::size_of::<Event>();
+}
+
+/// Offsets of kernel struct members, read by user space from
+/// /sys/kernel/btf/vmlinux and passed in as a global: Rust eBPF has no CO-RE.
+/// [`KernelOffsets::MISSING`] marks a member this kernel lacks; the programs
+/// then leave the dependent field zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelOffsets {
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_real_parent: u32,
+    pub task_files: u32,
+    pub task_nsproxy: u32,
+    pub task_exit_code: u32,
+    pub files_fdt: u32,
+    pub fdt_max_fds: u32,
+    pub fdt_fd: u32,
+    pub file_inode: u32,
+    pub file_pos: u32,
+    /// file.f_path.dentry
+    pub file_dentry: u32,
+    /// dentry.d_name.name
+    pub dentry_name: u32,
+    pub dentry_parent: u32,
+    pub inode_sb: u32,
+    pub inode_ino: u32,
+    pub inode_size: u32,
+    pub inode_nlink: u32,
+    pub inode_blocks: u32,
+    pub sb_dev: u32,
+    pub sb_magic: u32,
+    pub sb_fs_info: u32,
+    /// shmem_sb_info.max_blocks
+    pub sbinfo_max_blocks: u32,
+    /// shmem_sb_info.used_blocks.count
+    pub sbinfo_used_blocks: u32,
+    /// nsproxy.mnt_ns
+    pub nsproxy_mnt_ns: u32,
+    /// mnt_namespace.ns.inum
+    pub mnt_ns_inum: u32,
+    /// pt_regs: the six syscall argument registers and the syscall number.
+    pub regs_args: [u32; 6],
+    pub regs_nr: u32,
+    /// Classic tracepoint field offsets, from tracefs format files.
+    pub tp_exec_filename: u32,
+    pub tp_exec_old_pid: u32,
+    pub tp_exit_group_dead: u32,
+    pub tp_deliver_sig: u32,
+    pub tp_deliver_code: u32,
+    pub tp_deliver_handler: u32,
+    pub tp_victim_pid: u32,
+    pub _pad: u32,
+}
+
+impl KernelOffsets {
+    pub const MISSING: u32 = u32::MAX;
+}
+
+/// Syscall numbers of this architecture, passed in as a global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyscallNrs {
+    pub write: u32,
+    pub pwrite64: u32,
+    pub writev: u32,
+    pub pwritev: u32,
+    pub pwritev2: u32,
+    pub fallocate: u32,
+    pub ftruncate: u32,
+    pub open: u32,
+    pub openat: u32,
+    pub openat2: u32,
+    pub creat: u32,
+    pub mmap: u32,
+    pub mremap: u32,
+    pub munmap: u32,
+}
+
+/// Run-time switches, passed in as a global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// Trace every process (node-wide), not only those in `TRACED`.
+    pub all_processes: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain-old-data, repr(C), no padding with meaning.
+    unsafe impl aya::Pod for super::KernelOffsets {}
+    unsafe impl aya::Pod for super::SyscallNrs {}
+    unsafe impl aya::Pod for super::Config {}
+}

@@ -1,0 +1,209 @@
+//! Reading kernel structs at offsets user space found in BTF.
+
+use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes};
+use shmtrace_common::{Config, FileInfo, KernelOffsets, SyscallNrs, TMPFS_MAGIC};
+
+const M: u32 = KernelOffsets::MISSING;
+
+// Overridden by the loader (EbpfLoader::override_global); the values here only
+// say "unknown". Read with read_volatile so the compiler cannot fold them.
+#[unsafe(no_mangle)]
+static OFFSETS: KernelOffsets = KernelOffsets {
+    task_pid: M,
+    task_tgid: M,
+    task_real_parent: M,
+    task_files: M,
+    task_nsproxy: M,
+    task_exit_code: M,
+    files_fdt: M,
+    fdt_max_fds: M,
+    fdt_fd: M,
+    file_inode: M,
+    file_pos: M,
+    file_dentry: M,
+    dentry_name: M,
+    dentry_parent: M,
+    inode_sb: M,
+    inode_ino: M,
+    inode_size: M,
+    inode_nlink: M,
+    inode_blocks: M,
+    sb_dev: M,
+    sb_magic: M,
+    sb_fs_info: M,
+    sbinfo_max_blocks: M,
+    sbinfo_used_blocks: M,
+    nsproxy_mnt_ns: M,
+    mnt_ns_inum: M,
+    regs_args: [M; 6],
+    regs_nr: M,
+    tp_exec_filename: M,
+    tp_exec_old_pid: M,
+    tp_exit_group_dead: M,
+    tp_deliver_sig: M,
+    tp_deliver_code: M,
+    tp_deliver_handler: M,
+    tp_victim_pid: M,
+    _pad: 0,
+};
+
+#[unsafe(no_mangle)]
+static NRS: SyscallNrs = SyscallNrs {
+    write: M,
+    pwrite64: M,
+    writev: M,
+    pwritev: M,
+    pwritev2: M,
+    fallocate: M,
+    ftruncate: M,
+    open: M,
+    openat: M,
+    openat2: M,
+    creat: M,
+    mmap: M,
+    mremap: M,
+    munmap: M,
+};
+
+#[unsafe(no_mangle)]
+static CONFIG: Config = Config { all_processes: 0, _pad: 0 };
+
+/// One offset from the loader-provided table.
+macro_rules! off {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(&crate::kernel::offsets().$field) }
+    };
+    ($field:ident[$i:expr]) => {
+        unsafe { core::ptr::read_volatile(&crate::kernel::offsets().$field[$i]) }
+    };
+}
+pub(crate) use off;
+
+/// One syscall number of this architecture.
+macro_rules! nr {
+    ($name:ident) => {
+        unsafe { core::ptr::read_volatile(&crate::kernel::syscall_nrs().$name) }
+    };
+}
+pub(crate) use nr;
+
+#[inline(always)]
+pub fn offsets() -> &'static KernelOffsets {
+    &OFFSETS
+}
+
+#[inline(always)]
+pub fn syscall_nrs() -> &'static SyscallNrs {
+    &NRS
+}
+
+#[inline(always)]
+pub fn all_processes() -> bool {
+    unsafe { core::ptr::read_volatile(&CONFIG.all_processes) != 0 }
+}
+
+/// Reads a `T` at `base + off`; `None` when the offset is unknown or the read faults.
+#[inline(always)]
+pub fn read<T>(base: u64, off: u32) -> Option<T> {
+    if base == 0 || off == M {
+        return None;
+    }
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+}
+
+#[inline(always)]
+pub fn read_ptr(base: u64, off: u32) -> u64 {
+    read::<u64>(base, off).unwrap_or(0)
+}
+
+#[inline(always)]
+pub fn current_task() -> u64 {
+    unsafe { bpf_get_current_task() }
+}
+
+#[inline(always)]
+pub fn task_tgid(task: u64) -> u32 {
+    read::<u32>(task, off!(task_tgid)).unwrap_or(0)
+}
+
+#[inline(always)]
+pub fn task_pid(task: u64) -> u32 {
+    read::<u32>(task, off!(task_pid)).unwrap_or(0)
+}
+
+#[inline(always)]
+pub fn task_ppid(task: u64) -> u32 {
+    task_tgid(read_ptr(task, off!(task_real_parent)))
+}
+
+#[inline(always)]
+pub fn task_mnt_ns(task: u64) -> u32 {
+    let ns = read_ptr(read_ptr(task, off!(task_nsproxy)), off!(nsproxy_mnt_ns));
+    read::<u32>(ns, off!(mnt_ns_inum)).unwrap_or(0)
+}
+
+/// The `struct file` behind `fd` in the current task, or 0.
+#[inline(always)]
+pub fn fd_file(fd: u64) -> u64 {
+    let files = read_ptr(current_task(), off!(task_files));
+    let fdt = read_ptr(files, off!(files_fdt));
+    let max = read::<u32>(fdt, off!(fdt_max_fds)).unwrap_or(0) as u64;
+    if fd >= max {
+        return 0;
+    }
+    let fds = read_ptr(fdt, off!(fdt_fd));
+    if fds == 0 {
+        return 0;
+    }
+    unsafe { bpf_probe_read_kernel((fds + fd * 8) as *const u64) }.unwrap_or(0)
+}
+
+/// The inode of `file` when it lives on tmpfs/shmem, or 0.
+#[inline(always)]
+pub fn tmpfs_inode(file: u64) -> u64 {
+    let inode = read_ptr(file, off!(file_inode));
+    let sb = read_ptr(inode, off!(inode_sb));
+    match read::<u64>(sb, off!(sb_magic)) {
+        Some(TMPFS_MAGIC) => inode,
+        _ => 0,
+    }
+}
+
+/// Fills `info` from a tmpfs `file` and its `inode`.
+#[inline(always)]
+pub fn fill_file_info(info: &mut FileInfo, file: u64, inode: u64) {
+    let sb = read_ptr(inode, off!(inode_sb));
+    info.valid = 1;
+    info.dev = read::<u32>(sb, off!(sb_dev)).unwrap_or(0);
+    info.ino = read::<u64>(inode, off!(inode_ino)).unwrap_or(0);
+    info.size = read::<i64>(inode, off!(inode_size)).unwrap_or(0);
+    info.blocks = read::<u64>(inode, off!(inode_blocks)).unwrap_or(0);
+    info.nlink = read::<u32>(inode, off!(inode_nlink)).unwrap_or(0);
+    let sbinfo = read_ptr(sb, off!(sb_fs_info));
+    info.fs_max_pages = read::<u64>(sbinfo, off!(sbinfo_max_blocks)).unwrap_or(0);
+    info.fs_used_pages = read::<i64>(sbinfo, off!(sbinfo_used_blocks)).unwrap_or(0);
+
+    let dentry = read_ptr(file, off!(file_dentry));
+    let parent = read_ptr(dentry, off!(dentry_parent));
+    read_name(dentry, &mut info.name);
+    if parent == 0 || parent == dentry {
+        return;
+    }
+    read_name(parent, &mut info.parent);
+    let grand = read_ptr(parent, off!(dentry_parent));
+    info.depth = if grand == parent {
+        1
+    } else if read_ptr(grand, off!(dentry_parent)) == grand {
+        2
+    } else {
+        0
+    };
+}
+
+#[inline(always)]
+fn read_name(dentry: u64, out: &mut [u8]) {
+    let name = read_ptr(dentry, off!(dentry_name));
+    if name != 0 {
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, out) };
+    }
+}

@@ -1,0 +1,629 @@
+//! The aggregator: applies events in kernel-time order to the process tree
+//! and mapping tables, decides which records are shared-memory failures,
+//! and keeps the evidence for the report.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, Event, EventKind};
+
+use crate::{
+    escape, events,
+    mounts::{self, MountTables, Usage, kdev_string},
+    offsets::syscall_name,
+    procs::{self, Mapping, MappingTable, Proc},
+    signals,
+};
+
+const BUS_ADRERR: i32 = 2;
+const PAGE: u64 = 4096;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Ancestor {
+    pub pid: u32,
+    pub comm: String,
+}
+
+/// A tmpfs mount as it stood when a failure happened.
+#[derive(Clone, Debug, Serialize)]
+pub struct MountAtFailure {
+    pub mountpoint: Option<String>,
+    pub dev: String,
+    pub mount_ns: u32,
+    pub size_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub inodes: Option<u64>,
+    pub inodes_used: Option<u64>,
+    /// "statfs" (exact, read right after the event) or "kernel" (the
+    /// superblock's counters at the event, approximate).
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub ts_ns: u64,
+    /// Seconds since shmtrace started.
+    pub time_s: f64,
+    /// Nanoseconds after the first failure (0 for the first).
+    pub delay_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// sigbus, enospc, edquot, efbig, enomem, mmap_error, mremap_error, oom_kill
+    pub kind: &'static str,
+    pub syscall: Option<&'static str>,
+    pub errno: Option<i32>,
+    pub errno_name: Option<&'static str>,
+    pub signal: Option<i32>,
+    pub si_code: Option<i32>,
+    pub si_code_name: Option<&'static str>,
+    pub fault_addr: Option<String>,
+    pub path: Option<String>,
+    pub dev: Option<String>,
+    pub ino: Option<u64>,
+    pub offset: Option<u64>,
+    pub bytes: Option<u64>,
+    pub file_size: Option<i64>,
+    pub unlinked: Option<bool>,
+    /// What the evidence says happened, in words.
+    pub cause: String,
+    pub mount: Option<MountAtFailure>,
+    pub ancestry: Vec<Ancestor>,
+    pub mnt_ns: u32,
+    /// Times the same access faulted again after a handler returned.
+    pub refaults: u32,
+}
+
+/// A SIGBUS that was not on a tmpfs mapping: kept, but not a shm failure.
+#[derive(Clone, Debug, Serialize)]
+pub struct OtherSignal {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub sender_pid: u32,
+    pub si_code: i32,
+    pub si_code_name: &'static str,
+    pub fault_addr: String,
+    pub reason: &'static str,
+}
+
+pub struct Aggregator {
+    pub start_ns: u64,
+    pub procs: BTreeMap<u32, Proc>,
+    maps: MappingTable,
+    pub mounts: MountTables,
+    pub failures: Vec<Failure>,
+    pub other_signals: Vec<OtherSignal>,
+    pub events_seen: u64,
+    pub by_kind: HashMap<&'static str, u64>,
+    /// Mounts any failure touched, by device.
+    pub touched_mounts: BTreeMap<u32, MountAtFailure>,
+    self_ns: u32,
+}
+
+impl Aggregator {
+    pub fn new(start_ns: u64) -> Self {
+        let self_ns = mnt_ns_of("self").unwrap_or(0);
+        let mut mounts = MountTables::default();
+        mounts.refresh(self_ns, std::process::id());
+        Self {
+            start_ns,
+            procs: BTreeMap::new(),
+            maps: MappingTable::default(),
+            mounts,
+            failures: Vec::new(),
+            other_signals: Vec::new(),
+            events_seen: 0,
+            by_kind: HashMap::new(),
+            touched_mounts: BTreeMap::new(),
+            self_ns,
+        }
+    }
+
+    /// Registers a process shmtrace was asked to trace, and what it already
+    /// has mapped (for `--pid`).
+    /// Returns whether it already has tmpfs mappings.
+    pub fn add_root(&mut self, pid: u32, ts: u64, root: bool) -> bool {
+        let (ppid, comm) = procs::read_stat(pid).unwrap_or((0, String::new()));
+        let ns = mnt_ns_of(&pid.to_string()).unwrap_or(0);
+        let p = self.procs.entry(pid).or_insert_with(|| Proc::new(pid, ppid, ts));
+        if p.comm.is_empty() {
+            p.comm = comm;
+        }
+        p.cmdline = procs::read_cmdline(pid).or(p.cmdline.take());
+        p.root = root;
+        p.mnt_ns = ns;
+        self.mounts.refresh(ns, pid);
+        let mounts = &self.mounts;
+        let found = procs::scan_maps(pid, |dev| mounts.by_dev(dev).is_some());
+        let any = !found.is_empty();
+        for m in found {
+            self.maps.add(pid, m);
+        }
+        any
+    }
+
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.procs.values().filter(|p| p.alive()).map(|p| p.pid).collect()
+    }
+
+    pub fn apply(&mut self, ev: &Event) {
+        self.events_seen += 1;
+        let Some(kind) = events::kind(ev) else { return };
+        *self.by_kind.entry(events::kind_name(kind)).or_default() += 1;
+        if kind != EventKind::SignalGenerate && kind != EventKind::OomVictim {
+            self.touch(ev);
+        }
+        match kind {
+            EventKind::Fork => {
+                let child = ev.args[0] as u32;
+                let mut p = Proc::new(child, ev.tgid, ev.ts_ns);
+                p.comm = escape::bytes(&ev.comm);
+                p.mnt_ns = ev.mnt_ns;
+                p.cgroup_id = ev.cgroup_id;
+                p.cmdline = self.procs.get(&ev.tgid).and_then(|pp| pp.cmdline.clone());
+                self.procs.insert(child, p);
+                self.maps.fork(ev.tgid, child);
+            }
+            EventKind::Exec => {
+                self.maps.clear(ev.tgid);
+                if let Some(p) = self.procs.get_mut(&ev.tgid) {
+                    p.cmdline = procs::read_cmdline(ev.tgid).or_else(|| Some(escape::bytes(&ev.path)));
+                }
+                // A new program may have changed its mounts (unshare + mount).
+                self.mounts.refresh(ev.mnt_ns, ev.tgid);
+            }
+            EventKind::Exit => {
+                let code = ev.ret as i32;
+                if let Some(p) = self.procs.get_mut(&ev.tgid) {
+                    p.exit_ts_ns = Some(ev.ts_ns);
+                    let sig = code & 0x7f;
+                    if sig != 0 {
+                        p.exit_signal = Some(sig);
+                    } else {
+                        p.exit_code = Some((code >> 8) & 0xff);
+                    }
+                }
+                self.maps.clear(ev.tgid);
+            }
+            EventKind::Map => {
+                let m = Mapping {
+                    start: ev.ret as u64,
+                    end: ev.ret as u64 + ev.args[1].div_ceil(PAGE) * PAGE,
+                    file_offset: ev.args[5],
+                    dev: ev.file.dev,
+                    ino: ev.file.ino,
+                    name: events::file_name(ev),
+                    size: ev.file.size,
+                };
+                self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
+                self.maps.add(ev.tgid, m);
+            }
+            EventKind::Unmap => self.maps.unmap(ev.tgid, ev.args[0], ev.args[1]),
+            EventKind::Remap => {
+                self.maps.remap(ev.tgid, ev.args[0], ev.args[1], ev.ret as u64, ev.args[2])
+            }
+            EventKind::SignalDeliver => {
+                if let Some(p) = self.procs.get_mut(&ev.tgid) {
+                    p.sigbus_handler_ran |= ev.args[2] > 1;
+                    p.sigbus_handler = Some(match ev.args[2] {
+                        0 => "default".into(),
+                        1 => "ignored".into(),
+                        h => format!("handler {h:#x}"),
+                    });
+                }
+            }
+            EventKind::SignalGenerate => self.on_sigbus(ev),
+            EventKind::SyscallFail => self.on_syscall_failure(ev),
+            EventKind::OomVictim => self.on_oom(ev),
+        }
+    }
+
+    /// Keeps what the header says about the process current.
+    fn touch(&mut self, ev: &Event) {
+        let p = self.procs.entry(ev.tgid).or_insert_with(|| Proc::new(ev.tgid, ev.ppid, ev.ts_ns));
+        p.comm = escape::bytes(&ev.comm);
+        if ev.ppid != 0 {
+            p.ppid = ev.ppid;
+        }
+        p.mnt_ns = ev.mnt_ns;
+        p.cgroup_id = ev.cgroup_id;
+    }
+
+    fn ensure_mount(&mut self, dev: u32, ns: u32, pid: u32) {
+        if self.mounts.by_dev(dev).is_none() {
+            self.mounts.refresh(ns, pid);
+        }
+    }
+
+    fn on_sigbus(&mut self, ev: &Event) {
+        let target = ev.args[3] as u32;
+        let target_tid = ev.args[4] as u32;
+        let code = ev.args[1] as i64 as i32;
+        let addr = ev.args[2];
+        let other = |reason| OtherSignal {
+            ts_ns: ev.ts_ns,
+            pid: target,
+            tid: target_tid,
+            sender_pid: ev.tgid,
+            si_code: code,
+            si_code_name: signals::sigbus_code_name(code),
+            fault_addr: format!("{addr:#x}"),
+            reason,
+        };
+        if code <= 0 {
+            // Sent by a process, not by a fault: a handler re-raising it
+            // (PyTorch's worker handler does) or kill -BUS.
+            if ev.tgid == target {
+                if let Some(p) = self.procs.get_mut(&target) {
+                    p.sigbus_reraised = true;
+                }
+                self.other_signals.push(other("raised by the process itself (a handler re-raising it)"));
+            } else {
+                self.other_signals.push(other("sent by another process"));
+            }
+            return;
+        }
+        // A handler that returns (Rust's runtime installs one) makes the
+        // same access fault again: one failure, counted, not collateral.
+        if let Some(f) = self.failures.iter_mut().rev().find(|f| {
+            f.kind == "sigbus" && f.tid == target_tid && f.fault_addr.as_deref() == Some(&format!("{addr:#x}"))
+        }) {
+            f.refaults += 1;
+            return;
+        }
+        let mapping = self.maps.find(target, addr).cloned().or_else(|| {
+            // Mapped before we saw it (or the event was lost): ask /proc.
+            let mounts = &self.mounts;
+            procs::scan_maps(target, |dev| mounts.by_dev(dev).is_some())
+                .into_iter()
+                .find(|m| m.start <= addr && addr < m.end)
+        });
+        let Some(m) = mapping else {
+            self.other_signals.push(other("fault address is not in a tmpfs mapping"));
+            return;
+        };
+        let offset = m.file_offset + (addr - m.start);
+        let mount = self.mount_state(m.dev, ev.mnt_ns, target, None);
+        let beyond_eof = m.size >= 0 && offset >= m.size as u64;
+        let cause = if beyond_eof {
+            format!(
+                "access beyond the end of the file (size {} when mapped): not a full tmpfs",
+                human_bytes(m.size as u64)
+            )
+        } else if code == BUS_ADRERR {
+            match mount.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
+                Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
+                    "the tmpfs had no free page for this write (full)".to_string()
+                }
+                Some(_) => "the page could not be allocated on tmpfs (it had room by the time it was measured: another process freed space)".to_string(),
+                None => "the page could not be allocated on tmpfs".to_string(),
+            }
+        } else {
+            format!("{} on a tmpfs mapping", signals::sigbus_code_name(code))
+        };
+        let path = self.path_of(m.dev, m.name.as_deref(), ev.mnt_ns);
+        let f = Failure {
+            kind: "sigbus",
+            syscall: None,
+            errno: None,
+            errno_name: None,
+            signal: Some(ev.args[0] as i32),
+            si_code: Some(code),
+            si_code_name: Some(signals::sigbus_code_name(code)),
+            fault_addr: Some(format!("{addr:#x}")),
+            path,
+            dev: Some(kdev_string(m.dev)),
+            ino: Some(m.ino),
+            offset: Some(offset),
+            bytes: Some(PAGE),
+            file_size: (m.size >= 0).then_some(m.size),
+            unlinked: None,
+            cause,
+            mount,
+            ..self.base_failure(ev, target, target_tid)
+        };
+        self.record(f);
+    }
+
+    fn on_syscall_failure(&mut self, ev: &Event) {
+        let errno = (-ev.ret) as i32;
+        let sc = syscall_name(ev.syscall);
+        let a = ev.args;
+        let errno_kind = match -ev.ret {
+            ENOSPC => "enospc",
+            EDQUOT => "edquot",
+            EFBIG => "efbig",
+            ENOMEM => "enomem",
+            _ => "error",
+        };
+        let mut f = Failure {
+            kind: errno_kind,
+            syscall: Some(sc),
+            errno: Some(errno),
+            errno_name: Some(signals::errno_name(errno)),
+            ..self.base_failure(ev, ev.tgid, ev.tid)
+        };
+        match sc {
+            "open" | "openat" | "openat2" | "creat" => {
+                let Some((path, mount)) = self.resolve_open_path(ev) else {
+                    return; // not under a tmpfs mount: not a shm failure
+                };
+                f.path = Some(path);
+                f.dev = Some(kdev_string(mount));
+                f.mount = self.mount_state(mount, ev.mnt_ns, ev.tgid, None);
+                f.cause = match f.mount.as_ref().and_then(|m| Some((m.inodes?, m.inodes_used?))) {
+                    Some((total, used)) if total > 0 && used + 1 >= total => {
+                        format!("creating a file failed: the tmpfs inode limit ({total}) is reached")
+                    }
+                    _ => format!("creating a file on tmpfs failed: {}", signals::errno_text(errno)),
+                };
+            }
+            "mremap" => {
+                let Some(m) = self.maps.find(ev.tgid, a[0]).cloned() else { return };
+                f.kind = "mremap_error";
+                f.path = self.path_of(m.dev, m.name.as_deref(), ev.mnt_ns);
+                f.dev = Some(kdev_string(m.dev));
+                f.ino = Some(m.ino);
+                f.offset = Some(m.file_offset + (a[0] - m.start));
+                f.bytes = Some(a[2]);
+                f.mount = self.mount_state(m.dev, ev.mnt_ns, ev.tgid, None);
+                f.cause = format!("mremap of a tmpfs mapping failed: {}", signals::errno_text(errno));
+            }
+            _ => {
+                if ev.file.valid == 0 {
+                    return;
+                }
+                let (offset, bytes) = match sc {
+                    "fallocate" => (Some(a[2]), Some(a[3])),
+                    "write" | "pwrite64" => (Some(a[3]), Some(a[2])),
+                    "writev" | "pwritev" | "pwritev2" => (Some(a[3]), None),
+                    "ftruncate" => (None, Some(a[1])),
+                    "mmap" => (Some(a[5]), Some(a[1])),
+                    _ => (None, None),
+                };
+                if sc == "mmap" {
+                    f.kind = "mmap_error";
+                }
+                self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
+                f.path = self.path_of(ev.file.dev, events::file_name(ev).as_deref(), ev.mnt_ns);
+                f.dev = Some(kdev_string(ev.file.dev));
+                f.ino = Some(ev.file.ino);
+                f.offset = offset;
+                f.bytes = bytes;
+                f.file_size = Some(ev.file.size);
+                f.unlinked = Some(ev.file.nlink == 0);
+                f.mount = self.mount_state(ev.file.dev, ev.mnt_ns, ev.tgid, Some(ev));
+                f.cause = match (sc, errno_kind) {
+                    ("mmap", _) => format!("mmap of a tmpfs file failed: {}", signals::errno_text(errno)),
+                    (_, "enospc") => format!("{sc} found the tmpfs full (No space left on device)"),
+                    _ => format!("{sc} on tmpfs failed: {}", signals::errno_text(errno)),
+                };
+            }
+        }
+        self.record(f);
+    }
+
+    fn on_oom(&mut self, ev: &Event) {
+        let victim = ev.args[0] as u32;
+        let f = Failure {
+            kind: "oom_kill",
+            cause: "the OOM killer chose this process (tmpfs pages are charged to its memory cgroup)".into(),
+            ..self.base_failure(ev, victim, victim)
+        };
+        self.record(f);
+    }
+
+    fn base_failure(&self, ev: &Event, pid: u32, tid: u32) -> Failure {
+        let p = self.procs.get(&pid);
+        Failure {
+            ts_ns: ev.ts_ns,
+            time_s: ev.ts_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+            delay_ns: 0,
+            pid,
+            tid,
+            ppid: p.map(|p| p.ppid).unwrap_or(if pid == ev.tgid { ev.ppid } else { 0 }),
+            comm: p.map(|p| p.comm.clone()).unwrap_or_else(|| escape::bytes(&ev.comm)),
+            kind: "",
+            syscall: None,
+            errno: None,
+            errno_name: None,
+            signal: None,
+            si_code: None,
+            si_code_name: None,
+            fault_addr: None,
+            path: None,
+            dev: None,
+            ino: None,
+            offset: None,
+            bytes: None,
+            file_size: None,
+            unlinked: None,
+            cause: String::new(),
+            mount: None,
+            ancestry: self.ancestry(pid),
+            mnt_ns: p.map(|p| p.mnt_ns).unwrap_or(ev.mnt_ns),
+            refaults: 0,
+        }
+    }
+
+    fn record(&mut self, f: Failure) {
+        if let Some(m) = &f.mount
+            && let Some(dev) = &f.dev
+            && let Some(kdev) = parse_kdev(dev)
+        {
+            self.touched_mounts.entry(kdev).or_insert_with(|| m.clone());
+        }
+        self.failures.push(f);
+    }
+
+    /// Parents from `pid` up to the first process we do not trace.
+    pub fn ancestry(&self, pid: u32) -> Vec<Ancestor> {
+        let mut out = Vec::new();
+        let mut cur = self.procs.get(&pid).map(|p| p.ppid);
+        while let Some(pp) = cur {
+            if pp == 0 || out.len() > 64 {
+                break;
+            }
+            match self.procs.get(&pp) {
+                Some(p) => {
+                    out.push(Ancestor { pid: pp, comm: p.comm.clone() });
+                    if p.root {
+                        break;
+                    }
+                    cur = Some(p.ppid);
+                }
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// "/dev/shm/name" from a device and the kernel's name for the file.
+    fn path_of(&mut self, dev: u32, name: Option<&str>, ns: u32) -> Option<String> {
+        let name = name?;
+        if self.mounts.by_dev(dev).is_none() {
+            self.mounts.refresh(self.self_ns, std::process::id());
+        }
+        let _ = ns;
+        Some(match self.mounts.by_dev(dev) {
+            Some(m) if m.mountpoint == "/" => format!("/{name}"),
+            Some(m) => format!("{}/{name}", escape::str(&m.mountpoint)),
+            None => format!("shmem:{name}"),
+        })
+    }
+
+    /// Resolves an open*() path to an absolute path on a tmpfs mount.
+    fn resolve_open_path(&mut self, ev: &Event) -> Option<(String, u32)> {
+        let raw = &ev.path;
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let path = String::from_utf8_lossy(&raw[..end]).into_owned();
+        let abs = if path.starts_with('/') {
+            path.clone()
+        } else {
+            let dirfd = ev.args[0] as i32;
+            let base = if syscall_name(ev.syscall).starts_with("openat") && dirfd != libc::AT_FDCWD {
+                std::fs::read_link(format!("/proc/{}/fd/{dirfd}", ev.tgid)).ok()?
+            } else {
+                std::fs::read_link(format!("/proc/{}/cwd", ev.tgid)).ok()?
+            };
+            format!("{}/{path}", base.display())
+        };
+        if !self.mounts.has_ns(ev.mnt_ns) {
+            self.mounts.refresh(ev.mnt_ns, ev.tgid);
+        }
+        let m = self.mounts.for_path(ev.mnt_ns, &abs)?;
+        m.is_tmpfs().then(|| (escape::str(&abs), m.dev))
+    }
+
+    /// Size and use of mount `dev` now, measured through a live process in
+    /// namespace `ns` (exact), else from the kernel's counters in `ev`.
+    fn mount_state(&mut self, dev: u32, ns: u32, pid: u32, ev: Option<&Event>) -> Option<MountAtFailure> {
+        self.ensure_mount(dev, ns, pid);
+        let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
+        let mut out = MountAtFailure {
+            mountpoint: mountpoint.as_deref().map(escape::str),
+            dev: kdev_string(dev),
+            mount_ns: ns,
+            size_bytes: None,
+            used_bytes: None,
+            free_bytes: None,
+            inodes: None,
+            inodes_used: None,
+            source: "kernel",
+        };
+        if let Some(mp) = &mountpoint
+            && let Some(u) = self.statfs_via(dev, ns, pid, mp)
+        {
+            out.size_bytes = Some(u.size_bytes);
+            out.used_bytes = Some(u.used_bytes);
+            out.free_bytes = Some(u.free_bytes());
+            out.inodes = Some(u.inodes);
+            out.inodes_used = Some(u.inodes_used);
+            out.source = "statfs";
+            return Some(out);
+        }
+        let ev = ev?;
+        if ev.file.valid == 0 || ev.file.fs_max_pages == 0 {
+            return Some(out);
+        }
+        let size = ev.file.fs_max_pages * PAGE;
+        let used = ev.file.fs_used_pages.max(0) as u64 * PAGE;
+        out.size_bytes = Some(size);
+        out.used_bytes = Some(used);
+        out.free_bytes = Some(size.saturating_sub(used));
+        Some(out)
+    }
+
+    /// statfs through some live process of namespace `ns`, checking that the
+    /// path really is device `dev` there.
+    fn statfs_via(&self, dev: u32, ns: u32, pid: u32, mountpoint: &str) -> Option<Usage> {
+        let mut candidates = vec![Some(pid)];
+        let mut cur = self.procs.get(&pid).map(|p| p.ppid);
+        while let Some(pp) = cur {
+            if pp == 0 || candidates.len() > 16 {
+                break;
+            }
+            candidates.push(Some(pp));
+            cur = self.procs.get(&pp).map(|p| p.ppid);
+        }
+        candidates.extend(self.procs.values().filter(|p| p.mnt_ns == ns && p.alive()).map(|p| Some(p.pid)));
+        if ns == self.self_ns {
+            candidates.push(None);
+        }
+        for c in candidates {
+            let path = match c {
+                Some(p) => format!("/proc/{p}/root{mountpoint}"),
+                None => mountpoint.to_string(),
+            };
+            let Ok(st) = nix::sys::stat::stat(path.as_str()) else { continue };
+            let (maj, min) = (libc::major(st.st_dev) as u32, libc::minor(st.st_dev) as u32);
+            if mounts::kdev(maj, min) != dev {
+                continue;
+            }
+            if let Some(u) = mounts::statfs(c, mountpoint) {
+                return Some(u);
+            }
+        }
+        None
+    }
+
+    /// Finalizes failure order: kernel time, then delay after the first.
+    pub fn ordered_failures(&self) -> Vec<Failure> {
+        let mut v = self.failures.clone();
+        v.sort_by_key(|f| f.ts_ns);
+        if let Some(first) = v.first().map(|f| f.ts_ns) {
+            for f in &mut v {
+                f.delay_ns = f.ts_ns - first;
+            }
+        }
+        v
+    }
+}
+
+fn parse_kdev(s: &str) -> Option<u32> {
+    let (a, b) = s.split_once(':')?;
+    Some(mounts::kdev(a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Inode number of /proc/<who>/ns/mnt.
+pub fn mnt_ns_of(who: &str) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{who}/ns/mnt")).ok().map(|m| m.ino() as u32)
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = b as f64;
+    if f >= K * K * K {
+        format!("{:.1} GiB", f / (K * K * K))
+    } else if f >= K * K {
+        format!("{:.1} MiB", f / (K * K))
+    } else if f >= K {
+        format!("{:.1} KiB", f / K)
+    } else {
+        format!("{b} B")
+    }
+}

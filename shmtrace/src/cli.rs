@@ -1,0 +1,199 @@
+//! Command line: what each mode is for, with examples in --help.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Args, Parser, Subcommand};
+
+use crate::{
+    Fail, attach,
+    run::{self, RunOpts},
+    session::Outputs,
+};
+
+const ABOUT: &str = "Finds which process failed first when shared memory (/dev/shm) ran out, and why.";
+
+const LONG_ABOUT: &str = "\
+Finds which process failed first when shared memory (/dev/shm, tmpfs) ran out, and why.
+
+PyTorch DataLoader workers pass every batch through /dev/shm; in a container
+it is 64 MiB by default, and jobs die with 'DataLoader worker (pid N) is killed
+by signal: Bus error' or 'unable to allocate shared memory(shm)'. The message
+names whichever worker the framework happened to check. shmtrace watches the
+kernel (eBPF on stable tracepoints) and reports the process that failed first,
+what it was writing, how full the tmpfs was, and every later failure.
+
+Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE).";
+
+const EXAMPLES: &str = "\
+Examples:
+  sudo shmtrace demo                        see a real failure diagnosed (no PyTorch needed)
+  sudo shmtrace run -- python train.py      trace a job from its start; exits with its status
+  sudo shmtrace run --shm-size 64M -- python train.py
+                                            reproduce Docker's 64 MiB /dev/shm on any machine
+  sudo shmtrace --pid 4242 --report r.json  attach to a running job and its workers";
+
+#[derive(Parser, Debug)]
+#[command(name = "shmtrace", version, about = ABOUT, long_about = LONG_ABOUT, after_help = EXAMPLES)]
+pub struct Cli {
+    /// Attach to this running process and all its descendants (present and
+    /// future) until they have all exited, or Ctrl-C.
+    #[arg(short, long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Write the full report as JSON to FILE (schema 1: first_failure,
+    /// failures, processes, mounts, lost_events...).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub report: Option<PathBuf>,
+
+    /// Stream every kernel event to FILE, one JSON object per line.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub events: Option<PathBuf>,
+
+    /// Do not print the summary on stderr.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+impl OutputArgs {
+    fn outputs(&self) -> Outputs {
+        Outputs { report: self.report.clone(), events: self.events.clone(), quiet: self.quiet }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run CMD traced from its first instruction; print the diagnosis when it
+    /// ends and exit with CMD's status (128+N when killed by signal N).
+    #[command(after_help = "Example:\n  sudo shmtrace run --shm-size 64M --report r.json -- python train.py")]
+    Run {
+        /// Give CMD a private /dev/shm of this size (a tmpfs in its own mount
+        /// namespace), like `docker run --shm-size`. Accepts 64M, 1G, 65536k, bytes.
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        shm_size: Option<u64>,
+
+        /// Run CMD as this user (name or uid). Under sudo the default is the
+        /// user who ran sudo; `--user root` keeps root.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+
+        /// The command and its arguments (after --).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+
+    /// A built-in reproduction: a trainer and workers passing batches through
+    /// a private 64 MiB /dev/shm until one dies of SIGBUS, traced.
+    Demo {
+        /// Number of worker processes.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+        workers: u32,
+
+        /// Size of the private /dev/shm.
+        #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
+        shm_size: u64,
+
+        /// Size of one batch, MiB.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        batch_mib: u64,
+    },
+
+    /// The demo's workload itself (used by `demo`).
+    #[command(hide = true)]
+    DemoWorkload {
+        #[arg(long, default_value_t = 4)]
+        workers: u32,
+        #[arg(long, default_value_t = 8)]
+        batch_mib: u64,
+    },
+}
+
+pub async fn dispatch(cli: Cli) -> Result<i32> {
+    let outputs = cli.out.outputs();
+    match (cli.command, cli.pid) {
+        (Some(_), Some(_)) => Err(Fail::new(2, "--pid cannot be combined with a subcommand").into()),
+        (None, Some(pid)) => attach::attach(pid, outputs).await,
+        (Some(Cmd::Run { shm_size, user, command }), None) => {
+            run::run(RunOpts { command, shm_size, user, outputs, mode: "run" }).await
+        }
+        (Some(Cmd::Demo { workers, shm_size, batch_mib }), None) => {
+            let exe = std::env::current_exe()?;
+            let command = vec![
+                exe.to_string_lossy().into_owned(),
+                "demo-workload".into(),
+                "--workers".into(),
+                workers.to_string(),
+                "--batch-mib".into(),
+                batch_mib.to_string(),
+            ];
+            eprintln!(
+                "shmtrace demo: {workers} workers, {batch_mib} MiB batches, a private /dev/shm of {} MiB",
+                shm_size >> 20
+            );
+            // Root keeps the demo's binary reachable whatever the caller's home permissions.
+            run::run(RunOpts { command, shm_size: Some(shm_size), user: Some("root".into()), outputs, mode: "demo" }).await
+        }
+        (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
+        (None, None) => Err(Fail::new(
+            2,
+            "nothing to trace: give --pid PID, or `run -- CMD`, or try `shmtrace demo` (see --help)",
+        )
+        .into()),
+    }
+}
+
+/// "64M", "1G", "65536k", "512MiB", "1048576" -> bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = match num.parse() {
+        Ok(n) => n,
+        Err(_) => bail!("`{s}` is not a size (try 64M, 1G or a number of bytes)"),
+    };
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        u => bail!("unknown size unit `{u}` in `{s}` (use k, M, G)"),
+    };
+    let bytes = (n * mult as f64) as u64;
+    if bytes < 4096 {
+        bail!("size `{s}` is smaller than one page");
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("65536k").unwrap(), 64 << 20);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8192").unwrap(), 8192);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("10").is_err());
+        assert!(parse_size("3Q").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,112 @@
+//! One tracing session: the tracer feeding the aggregator, the `--events`
+//! stream, and the report and summary at the end. `run`, `--pid` and `demo`
+//! differ only in how they pick processes and when they stop.
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    aggregate::Aggregator,
+    report::{self, Report},
+    summary,
+    tracer::{self, Tracer},
+};
+
+/// Where results go.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    pub report: Option<PathBuf>,
+    pub events: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+pub struct Session {
+    pub tracer: Tracer,
+    pub agg: Aggregator,
+    events_out: Option<BufWriter<File>>,
+    outputs: Outputs,
+    start_ns: u64,
+}
+
+impl Session {
+    pub fn start(outputs: Outputs, all_processes: bool) -> Result<Self> {
+        // Open outputs first: a typo in a path should fail before tracing.
+        let events_out = match &outputs.events {
+            Some(p) => Some(BufWriter::new(
+                File::create(p).with_context(|| format!("cannot create events file {}", p.display()))?,
+            )),
+            None => None,
+        };
+        if let Some(p) = &outputs.report {
+            File::create(p).with_context(|| format!("cannot create report file {}", p.display()))?;
+        }
+        let tracer = Tracer::start(all_processes)?;
+        let start_ns = tracer::monotonic_ns();
+        for n in &tracer.notes {
+            eprintln!("shmtrace: note: {n}");
+        }
+        Ok(Self { tracer, agg: Aggregator::new(start_ns), events_out, outputs, start_ns })
+    }
+
+    /// Moves every event that is safe to order into the aggregator.
+    pub fn pump(&mut self, flush: bool) {
+        for ev in self.tracer.drain(flush) {
+            if let Some(out) = &mut self.events_out {
+                let line = crate::events::to_json(&ev, self.start_ns);
+                let _ = writeln!(out, "{line}");
+            }
+            self.agg.apply(&ev);
+        }
+    }
+
+    /// Waits for events (or `tick`) and applies them.
+    pub async fn step(&mut self, tick: Duration) {
+        self.tracer.wait(tick).await;
+        self.pump(false);
+    }
+
+    /// Reads what is still in flight, then writes the report and summary.
+    pub async fn finish(
+        mut self,
+        mode: &'static str,
+        command: Option<Vec<String>>,
+        target_pid: Option<u32>,
+        exit: Option<report::Exit>,
+    ) -> Result<Report> {
+        // Events of the last moments may still be in the rings.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.pump(true);
+        if let Some(out) = &mut self.events_out {
+            out.flush().context("cannot write events file")?;
+        }
+        let notes = self.tracer.notes.clone();
+        let report = Report::build(
+            &self.agg,
+            report::Context_ {
+                mode,
+                command,
+                target_pid,
+                duration_s: (tracer::monotonic_ns() - self.start_ns) as f64 / 1e9,
+                lost: self.tracer.lost(),
+                exit,
+                notes,
+            },
+        );
+        if let Some(p) = &self.outputs.report {
+            report.write(p)?;
+        }
+        if !self.outputs.quiet {
+            eprint!("{}", summary::render(&report));
+            if let Some(p) = &self.outputs.report {
+                eprintln!("  report         {}", p.display());
+            }
+        }
+        Ok(report)
+    }
+}

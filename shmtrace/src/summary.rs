@@ -1,0 +1,163 @@
+//! The human summary: a diagnosis first, then the evidence.
+
+use std::fmt::Write as _;
+
+use crate::{
+    aggregate::{Failure, human_bytes},
+    report::Report,
+    signals,
+};
+
+const MAX_COLLATERAL: usize = 10;
+
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let procs = |pid: u32| r.processes.iter().find(|p| p.pid == pid);
+    let who = |pid: u32, comm: &str| format!("pid {pid} ({comm})");
+
+    let Some(first) = &r.first_failure else {
+        let _ = writeln!(
+            s,
+            "shmtrace: no shared-memory failure seen ({} processes traced, {} events, {:.1}s).",
+            r.processes.len(),
+            r.events_received,
+            r.duration_s
+        );
+        if !r.other_sigbus.is_empty() {
+            let _ = writeln!(s, "  {} SIGBUS not caused by tmpfs (see the report's other_sigbus).", r.other_sigbus.len());
+        }
+        lost_line(&mut s, r);
+        return s;
+    };
+
+    let _ = writeln!(s, "shmtrace: shared memory ran out; the first process to fail was {}", who(first.pid, &first.comm));
+    let _ = writeln!(s);
+    let _ = writeln!(s, "  first failure  +{:.6}s  {}", first.time_s, who(first.pid, &first.comm));
+    if let Some(parent) = first.ancestry.first() {
+        let _ = writeln!(s, "  parent         {}", who(parent.pid, &parent.comm));
+    }
+    let _ = writeln!(s, "  what           {}", what(first));
+    let _ = writeln!(s, "  why            {}", first.cause);
+    if let Some(m) = &first.mount {
+        let mp = m.mountpoint.clone().unwrap_or_else(|| "(internal shmem)".into());
+        match (m.size_bytes, m.used_bytes) {
+            (Some(size), Some(used)) if size > 0 => {
+                let _ = writeln!(
+                    s,
+                    "  mount          {mp} (tmpfs {}, mount ns {}): {} of {} used ({:.0}%), {} free",
+                    m.dev,
+                    m.mount_ns,
+                    human_bytes(used),
+                    human_bytes(size),
+                    used as f64 * 100.0 / size as f64,
+                    human_bytes(size.saturating_sub(used)),
+                );
+            }
+            _ => {
+                let _ = writeln!(s, "  mount          {mp} (tmpfs {}): size unknown", m.dev);
+            }
+        }
+    }
+    if let Some(p) = procs(first.pid) {
+        let fate = match (p.exit_signal, p.exit_code) {
+            (Some(sig), _) => format!("killed by {}", signals::describe(sig)),
+            (None, Some(code)) => format!("exited with status {code}"),
+            _ => "still running when shmtrace stopped".into(),
+        };
+        let handler = match (p.sigbus_handler_ran, p.sigbus_reraised, p.exit_signal) {
+            (true, true, _) => " (its SIGBUS handler ran, then raised the signal again)",
+            (true, false, Some(7)) => " (its SIGBUS handler ran and returned; the access faulted again)",
+            (true, false, _) => " (a SIGBUS handler caught it)",
+            _ => "",
+        };
+        let _ = writeln!(s, "  then           {fate}{handler}");
+    }
+    if first.ancestry.len() > 1 {
+        let chain: Vec<String> = std::iter::once(format!("{} {}", first.pid, first.comm))
+            .chain(first.ancestry.iter().map(|a| format!("{} {}", a.pid, a.comm)))
+            .collect();
+        let _ = writeln!(s, "  ancestry       {}", chain.join(" <- "));
+    }
+
+    let rest: Vec<&Failure> = r.failures.iter().skip(1).collect();
+    if !rest.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "  {} later failure{} (collateral):", rest.len(), if rest.len() == 1 { "" } else { "s" });
+        for f in rest.iter().take(MAX_COLLATERAL) {
+            let _ = writeln!(s, "    +{:>10}  {:<28} {}", delay(f.delay_ns), who(f.pid, &f.comm), what(f));
+        }
+        if rest.len() > MAX_COLLATERAL {
+            let _ = writeln!(s, "    ... and {} more (all in the report)", rest.len() - MAX_COLLATERAL);
+        }
+    }
+    let failed_pids: Vec<u32> = {
+        let mut v: Vec<u32> = r.failures.iter().map(|f| f.pid).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    if failed_pids.len() > 1 && failed_pids[0] != first.pid {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  note: the lowest failing pid is {}, which is the one a framework that checks workers in \
+             pid order (PyTorch's DataLoader) names; it failed {} after pid {}.",
+            failed_pids[0],
+            delay(r.failures.iter().find(|f| f.pid == failed_pids[0]).map(|f| f.delay_ns).unwrap_or(0)),
+            first.pid
+        );
+    }
+    lost_line(&mut s, r);
+    s
+}
+
+fn lost_line(s: &mut String, r: &Report) {
+    if r.lost_events > 0 {
+        let _ = writeln!(
+            s,
+            "  LOST EVENTS    {} (events ring {}, failures ring {}, children not followed {}): the picture may be incomplete",
+            r.lost_events, r.lost.events_ring, r.lost.failures_ring, r.lost.traced_map_full
+        );
+    } else {
+        let _ = writeln!(s, "  lost events    0");
+    }
+    for n in &r.notes {
+        let _ = writeln!(s, "  note: {n}");
+    }
+}
+
+/// "SIGBUS (BUS_ADRERR) at offset 8.0 MiB of /dev/shm/x, a 4 KiB page"
+fn what(f: &Failure) -> String {
+    let path = f.path.clone().unwrap_or_else(|| "?".into());
+    let deleted = if f.unlinked == Some(true) { " (unlinked)" } else { "" };
+    match f.kind {
+        "sigbus" => format!(
+            "SIGBUS ({}) on a page of {path}{deleted} at offset {} ({}), address {}",
+            f.si_code_name.unwrap_or("?"),
+            f.offset.map(human_bytes).unwrap_or("?".into()),
+            f.offset.map(|o| o.to_string()).unwrap_or_default(),
+            f.fault_addr.clone().unwrap_or_default()
+        ),
+        "oom_kill" => "killed by the OOM killer".into(),
+        _ => {
+            let sc = f.syscall.unwrap_or("?");
+            let err = format!("{} ({})", f.errno_name.unwrap_or("?"), signals::errno_text(f.errno.unwrap_or(0)));
+            match (f.offset, f.bytes) {
+                (Some(o), Some(b)) => format!("{sc}() of {} at offset {} on {path}{deleted}: {err}", human_bytes(b), human_bytes(o)),
+                (None, Some(b)) => format!("{sc}() to {} on {path}{deleted}: {err}", human_bytes(b)),
+                (Some(o), None) => format!("{sc}() at offset {} on {path}{deleted}: {err}", human_bytes(o)),
+                (None, None) => format!("{sc}() on {path}{deleted}: {err}"),
+            }
+        }
+    }
+}
+
+fn delay(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.3}s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.3}ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.1}us", ns as f64 / 1e3)
+    }
+}

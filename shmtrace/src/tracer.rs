@@ -1,0 +1,223 @@
+//! Loads the eBPF object embedded in this binary, attaches its programs, and
+//! reads their two ring buffers in kernel-time order.
+
+use std::{collections::BinaryHeap, cmp::Reverse};
+
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramError, RawTracePoint, TracePoint},
+};
+use shmtrace_common::{Config, Event, lost};
+use tokio::io::unix::AsyncFd;
+
+use crate::{btf::Btf, events, offsets, preflight};
+
+/// The hooks: (program, kind, category, name, required, what is lost without it).
+const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
+    ("sys_exit", Kind::Raw, "", "sys_exit", true, "ENOSPC/mmap failures of syscalls"),
+    ("signal_generate", Kind::Raw, "", "signal_generate", true, "SIGBUS from page faults"),
+    ("sched_process_fork", Kind::Raw, "", "sched_process_fork", true, "following new child processes"),
+    ("sched_process_exit", Kind::Tp, "sched", "sched_process_exit", true, "process exits"),
+    ("sched_process_exec", Kind::Tp, "sched", "sched_process_exec", false, "exec events (command lines)"),
+    ("signal_deliver", Kind::Tp, "signal", "signal_deliver", false, "whether a SIGBUS handler ran"),
+    ("oom_mark_victim", Kind::Tp, "oom", "mark_victim", false, "OOM kills of traced processes"),
+];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Raw,
+    Tp,
+}
+
+pub struct Tracer {
+    _ebpf: Ebpf,
+    traced: HashMap<MapData, u32, u32>,
+    shm_mapped: HashMap<MapData, u32, u8>,
+    lost: PerCpuArray<MapData, u64>,
+    events: AsyncFd<RingBuf<MapData>>,
+    failures: AsyncFd<RingBuf<MapData>>,
+    /// Events read but not yet old enough to be sure nothing earlier is
+    /// still on its way (two rings, several CPUs).
+    pending: BinaryHeap<Reverse<(u64, u64, Box<[u8]>)>>,
+    seq: u64,
+    /// Things the user should know (a hook the kernel refused, tracefs mounted...).
+    pub notes: Vec<String>,
+    /// Events that reached user space, per ring: (events, failures).
+    pub received: (u64, u64),
+}
+
+impl Tracer {
+    /// Everything from privilege checks to attached programs. Must be called
+    /// inside a tokio runtime.
+    pub fn start(all_processes: bool) -> Result<Self> {
+        preflight::check_privileges()?;
+        preflight::check_btf()?;
+        let (tracefs, mounted) = preflight::ensure_tracefs()?;
+        let mut notes = Vec::new();
+        if mounted {
+            notes.push(format!("mounted tracefs at {} (it was not mounted)", tracefs.display()));
+        }
+        let btf = Btf::from_sys()?;
+        let (offs, off_notes) = offsets::kernel_offsets(&btf, &tracefs)?;
+        notes.extend(off_notes);
+        let nrs = offsets::syscall_nrs();
+        let config = Config { all_processes: all_processes as u32, _pad: 0 };
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("OFFSETS", &offs, true)
+            .override_global("NRS", &nrs, true)
+            .override_global("CONFIG", &config, true)
+            .load(aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shmtrace")))
+            .context("cannot load shmtrace's eBPF object into the kernel")?;
+
+        for &(prog, kind, category, name, required, loses) in HOOKS {
+            let res = attach(&mut ebpf, prog, kind, category, name);
+            match res {
+                Ok(()) => {}
+                Err(e) if !required => notes.push(format!(
+                    "the kernel refused hook {} ({e}); shmtrace goes on without {loses}",
+                    hook_name(kind, category, name)
+                )),
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "the kernel refused hook {}, which shmtrace needs for {loses}",
+                        hook_name(kind, category, name)
+                    )));
+                }
+            }
+        }
+
+        let traced = HashMap::try_from(ebpf.take_map("TRACED").context("map TRACED")?)?;
+        let shm_mapped = HashMap::try_from(ebpf.take_map("SHM_MAPPED").context("map SHM_MAPPED")?)?;
+        let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("map LOST")?)?;
+        let events = readable(RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS")?)?)?;
+        let failures = readable(RingBuf::try_from(ebpf.take_map("FAILURES").context("map FAILURES")?)?)?;
+        Ok(Self {
+            _ebpf: ebpf,
+            traced,
+            shm_mapped,
+            lost,
+            events,
+            failures,
+            pending: BinaryHeap::new(),
+            seq: 0,
+            notes,
+            received: (0, 0),
+        })
+    }
+
+    /// Adds `pid` to the traced set with `traced::*` flags.
+    pub fn trace(&mut self, pid: u32, flags: u32) -> Result<()> {
+        self.traced.insert(pid, flags, 0).map_err(|e| anyhow!("cannot trace pid {pid}: {e}"))
+    }
+
+    pub fn untrace(&mut self, pid: u32) {
+        let _ = self.traced.remove(&pid);
+    }
+
+    /// Marks a process that already has tmpfs mappings (found in /proc).
+    pub fn mark_shm_mapped(&mut self, pid: u32) {
+        let _ = self.shm_mapped.insert(pid, 1, 0);
+    }
+
+    /// Losses by stage, summed over CPUs: [events ring, failures ring, traced map full].
+    pub fn lost(&self) -> [u64; lost::COUNT as usize] {
+        let mut out = [0; lost::COUNT as usize];
+        for (i, o) in out.iter_mut().enumerate() {
+            if let Ok(v) = self.lost.get(&(i as u32), 0) {
+                *o = v.iter().sum();
+            }
+        }
+        out
+    }
+
+    /// Waits until a ring has data or `timeout` passes.
+    pub async fn wait(&mut self, timeout: std::time::Duration) {
+        tokio::select! {
+            r = self.events.readable_mut() => { if let Ok(mut g) = r { g.clear_ready(); } }
+            r = self.failures.readable_mut() => { if let Ok(mut g) = r { g.clear_ready(); } }
+            _ = tokio::time::sleep(timeout) => {}
+        }
+    }
+
+    /// Reads both rings and returns, in kernel-time order, every event older
+    /// than the moment the read began (so none can still be in flight before
+    /// it). `flush` returns everything.
+    pub fn drain(&mut self, flush: bool) -> Vec<Event> {
+        let watermark = monotonic_ns();
+        for (ring, count) in [
+            (self.failures.get_mut(), &mut self.received.1),
+            (self.events.get_mut(), &mut self.received.0),
+        ] {
+            while let Some(item) = ring.next() {
+                if let Some(ev) = events::decode(&item) {
+                    *count += 1;
+                    self.seq += 1;
+                    self.pending.push(Reverse((ev.ts_ns, self.seq, Box::from(&item[..]))));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(Reverse((ts, _, _))) = self.pending.peek() {
+            if !flush && *ts >= watermark {
+                break;
+            }
+            let Reverse((_, _, bytes)) = self.pending.pop().expect("peeked");
+            if let Some(ev) = events::decode(&bytes) {
+                out.push(ev);
+            }
+        }
+        out
+    }
+}
+
+/// Registers a ring buffer with tokio for readiness.
+fn readable(ring: RingBuf<MapData>) -> Result<AsyncFd<RingBuf<MapData>>> {
+    // SAFETY: the ring buffer owns its fd and is dropped with the AsyncFd,
+    // so the fd stays open for as long as it is registered.
+    unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| anyhow!("cannot poll a ring buffer: {}", e.into_parts().1))
+}
+
+fn hook_name(kind: Kind, category: &str, name: &str) -> String {
+    match kind {
+        Kind::Raw => format!("raw_tp/{name}"),
+        Kind::Tp => format!("tracepoint {category}:{name}"),
+    }
+}
+
+fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -> Result<()> {
+    let p = ebpf.program_mut(prog).with_context(|| format!("program {prog} is missing from the object"))?;
+    let explain = |e: ProgramError| -> anyhow::Error {
+        match e {
+            ProgramError::LoadError { io_error, verifier_log } => {
+                let log = verifier_log.to_string();
+                let tail: Vec<&str> = log.lines().rev().take(12).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                anyhow!("{io_error}; verifier said:\n{}", tail.join("\n"))
+            }
+            e => anyhow!(e),
+        }
+    };
+    match kind {
+        Kind::Raw => {
+            let p: &mut RawTracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+            p.attach(name).map_err(explain)?;
+        }
+        Kind::Tp => {
+            let p: &mut TracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+            p.attach(category, name).map_err(explain)?;
+        }
+    }
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
+pub fn monotonic_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
