@@ -71,6 +71,9 @@ pub enum EventKind {
     Remap = 9,
     /// The OOM killer chose a traced process. `args[0]` = victim pid.
     OomVictim = 10,
+    /// A traced process resized a tmpfs file with ftruncate. `args[1]` = new
+    /// size, `file` = the file after it.
+    Truncate = 11,
 }
 
 impl EventKind {
@@ -86,6 +89,7 @@ impl EventKind {
             8 => Self::Unmap,
             9 => Self::Remap,
             10 => Self::OomVictim,
+            11 => Self::Truncate,
             _ => return None,
         })
     }

@@ -182,6 +182,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         on_mmap(regs, ret);
     } else if nr == nr!(munmap) || nr == nr!(mremap) {
         on_unmap_or_remap(regs, nr, ret);
+    } else if nr == nr!(ftruncate) {
+        on_truncate(regs);
     }
     0
 }
@@ -276,6 +278,29 @@ fn on_mmap(regs: u64, addr: i64) {
     for i in 0..6 {
         ev.args[i] = arg(regs, i);
     }
+    kernel::fill_file_info(&mut ev.file, file, inode);
+    e.submit(0);
+}
+
+/// Sizes of mapped tmpfs files: tells a fault past the end of a file (not
+/// an allocation failure) from a full tmpfs.
+#[inline(always)]
+fn on_truncate(regs: u64) {
+    if !emit::is_traced(tgid()) {
+        return;
+    }
+    let file = kernel::fd_file(arg(regs, 0));
+    let inode = kernel::tmpfs_inode(file);
+    if inode == 0 {
+        return;
+    }
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Truncate) else {
+        return;
+    };
+    let ev = emit::body(&mut e);
+    ev.syscall = nr!(ftruncate);
+    ev.args[0] = arg(regs, 0);
+    ev.args[1] = arg(regs, 1);
     kernel::fill_file_info(&mut ev.file, file, inode);
     e.submit(0);
 }

@@ -100,13 +100,15 @@ pub struct Aggregator {
     pub by_kind: HashMap<&'static str, u64>,
     /// Mounts any failure touched, by device.
     pub touched_mounts: BTreeMap<u32, MountAtFailure>,
+    /// Latest known i_size of tmpfs files, by (dev, ino), from ftruncate.
+    sizes: HashMap<(u32, u64), i64>,
     self_ns: u32,
 }
 
 impl Aggregator {
     pub fn new(start_ns: u64) -> Self {
         let self_ns = mnt_ns_of("self").unwrap_or(0);
-        let mut mounts = MountTables::default();
+        let mut mounts = MountTables::new(self_ns);
         mounts.refresh(self_ns, std::process::id());
         Self {
             start_ns,
@@ -118,6 +120,7 @@ impl Aggregator {
             events_seen: 0,
             by_kind: HashMap::new(),
             touched_mounts: BTreeMap::new(),
+            sizes: HashMap::new(),
             self_ns,
         }
     }
@@ -155,6 +158,11 @@ impl Aggregator {
         *self.by_kind.entry(events::kind_name(kind)).or_default() += 1;
         if kind != EventKind::SignalGenerate && kind != EventKind::OomVictim {
             self.touch(ev);
+            // First sight of a mount namespace: anchor it while a process
+            // of it is surely alive (this one, at this event).
+            if self.mounts.anchors.get(ev.mnt_ns).is_none() {
+                self.mounts.refresh(ev.mnt_ns, ev.tgid);
+            }
         }
         match kind {
             EventKind::Fork => {
@@ -218,6 +226,9 @@ impl Aggregator {
             EventKind::SignalGenerate => self.on_sigbus(ev),
             EventKind::SyscallFail => self.on_syscall_failure(ev),
             EventKind::OomVictim => self.on_oom(ev),
+            EventKind::Truncate => {
+                self.sizes.insert((ev.file.dev, ev.file.ino), ev.file.size);
+            }
         }
     }
 
@@ -235,6 +246,12 @@ impl Aggregator {
     fn ensure_mount(&mut self, dev: u32, ns: u32, pid: u32) {
         if self.mounts.by_dev(dev).is_none() {
             self.mounts.refresh(ns, pid);
+        }
+        if self.mounts.by_dev(dev).is_none() {
+            // A device from another namespace: try every anchored one.
+            for (ns, anchor) in self.mounts.anchors.all() {
+                self.mounts.refresh(ns, anchor);
+            }
         }
     }
 
@@ -286,14 +303,17 @@ impl Aggregator {
             return;
         };
         let offset = m.file_offset + (addr - m.start);
+        // The file's size now: from the process's map_files link while it
+        // lives, else the last ftruncate we saw, else the size when mapped.
+        let size = map_file_size(target, &m)
+            .or_else(|| self.sizes.get(&(m.dev, m.ino)).copied())
+            .unwrap_or(m.size);
+        if size >= 0 && offset >= size as u64 {
+            self.other_signals.push(other("access beyond the end of a tmpfs file (truncated), not a full tmpfs"));
+            return;
+        }
         let mount = self.mount_state(m.dev, ev.mnt_ns, target, None);
-        let beyond_eof = m.size >= 0 && offset >= m.size as u64;
-        let cause = if beyond_eof {
-            format!(
-                "access beyond the end of the file (size {} when mapped): not a full tmpfs",
-                human_bytes(m.size as u64)
-            )
-        } else if code == BUS_ADRERR {
+        let cause = if code == BUS_ADRERR {
             match mount.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
                 Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
                     "the tmpfs had no free page for this write (full)".to_string()
@@ -319,7 +339,7 @@ impl Aggregator {
             ino: Some(m.ino),
             offset: Some(offset),
             bytes: Some(PAGE),
-            file_size: (m.size >= 0).then_some(m.size),
+            file_size: (size >= 0).then_some(size),
             unlinked: None,
             cause,
             mount,
@@ -398,7 +418,14 @@ impl Aggregator {
                 f.mount = self.mount_state(ev.file.dev, ev.mnt_ns, ev.tgid, Some(ev));
                 f.cause = match (sc, errno_kind) {
                     ("mmap", _) => format!("mmap of a tmpfs file failed: {}", signals::errno_text(errno)),
-                    (_, "enospc") => format!("{sc} found the tmpfs full (No space left on device)"),
+                    (_, "enospc") => match (bytes, f.mount.as_ref().and_then(|m| m.free_bytes)) {
+                        (Some(b), Some(free)) => format!(
+                            "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
+                            human_bytes(b),
+                            human_bytes(free)
+                        ),
+                        _ => format!("{sc} found the tmpfs full (No space left on device)"),
+                    },
                     _ => format!("{sc} on tmpfs failed: {}", signals::errno_text(errno)),
                 };
             }
@@ -484,10 +511,7 @@ impl Aggregator {
     /// "/dev/shm/name" from a device and the kernel's name for the file.
     fn path_of(&mut self, dev: u32, name: Option<&str>, ns: u32) -> Option<String> {
         let name = name?;
-        if self.mounts.by_dev(dev).is_none() {
-            self.mounts.refresh(self.self_ns, std::process::id());
-        }
-        let _ = ns;
+        self.ensure_mount(dev, ns, std::process::id());
         Some(match self.mounts.by_dev(dev) {
             Some(m) if m.mountpoint == "/" => format!("/{name}"),
             Some(m) => format!("{}/{name}", escape::str(&m.mountpoint)),
@@ -511,9 +535,8 @@ impl Aggregator {
             };
             format!("{}/{path}", base.display())
         };
-        if !self.mounts.has_ns(ev.mnt_ns) {
-            self.mounts.refresh(ev.mnt_ns, ev.tgid);
-        }
+        // Mounts change (unshare + mount): read them fresh for a failure.
+        self.mounts.refresh(ev.mnt_ns, ev.tgid);
         let m = self.mounts.for_path(ev.mnt_ns, &abs)?;
         m.is_tmpfs().then(|| (escape::str(&abs), m.dev))
     }
@@ -523,6 +546,7 @@ impl Aggregator {
     fn mount_state(&mut self, dev: u32, ns: u32, pid: u32, ev: Option<&Event>) -> Option<MountAtFailure> {
         self.ensure_mount(dev, ns, pid);
         let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
+        let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
         let mut out = MountAtFailure {
             mountpoint: mountpoint.as_deref().map(escape::str),
             dev: kdev_string(dev),
@@ -560,7 +584,7 @@ impl Aggregator {
     /// statfs through some live process of namespace `ns`, checking that the
     /// path really is device `dev` there.
     fn statfs_via(&self, dev: u32, ns: u32, pid: u32, mountpoint: &str) -> Option<Usage> {
-        let mut candidates = vec![Some(pid)];
+        let mut candidates = vec![self.mounts.anchors.get(ns), Some(pid)];
         let mut cur = self.procs.get(&pid).map(|p| p.ppid);
         while let Some(pp) = cur {
             if pp == 0 || candidates.len() > 16 {
@@ -601,6 +625,12 @@ impl Aggregator {
         }
         v
     }
+}
+
+/// Current size of the file behind mapping `m`, through /proc/PID/map_files.
+fn map_file_size(pid: u32, m: &Mapping) -> Option<i64> {
+    let st = nix::sys::stat::stat(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end).as_str()).ok()?;
+    (st.st_ino == m.ino).then_some(st.st_size)
 }
 
 fn parse_kdev(s: &str) -> Option<u32> {

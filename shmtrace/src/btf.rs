@@ -41,11 +41,10 @@ enum Type {
     Composite { members: Vec<Member> },
     /// typedef, const, volatile, restrict, type tag: look through
     Alias(u32),
-    Enum { values: Vec<(String, i64)> },
     Other,
 }
 
-/// Parsed kernel BTF: types by id, and struct/enum ids by name.
+/// Parsed kernel BTF: types by id, and struct/union ids by name.
 pub struct Btf {
     types: Vec<Type>,
     by_name: HashMap<String, Vec<u32>>,
@@ -115,23 +114,12 @@ impl Btf {
                     Type::Composite { members }
                 }
                 KIND_ENUM => {
-                    let mut values = Vec::with_capacity(vlen);
-                    for i in 0..vlen {
-                        let m = p + i * 8;
-                        values.push((name(u32_at(m)?), u32_at(m + 4)? as i32 as i64));
-                    }
                     p += vlen * 8;
-                    Type::Enum { values }
+                    Type::Other
                 }
                 KIND_ENUM64 => {
-                    let mut values = Vec::with_capacity(vlen);
-                    for i in 0..vlen {
-                        let m = p + i * 12;
-                        let v = (u32_at(m + 4)? as u64) | ((u32_at(m + 8)? as u64) << 32);
-                        values.push((name(u32_at(m)?), v as i64));
-                    }
                     p += vlen * 12;
-                    Type::Enum { values }
+                    Type::Other
                 }
                 KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
                     Type::Alias(size_or_type)
@@ -155,7 +143,7 @@ impl Btf {
                 KIND_PTR | KIND_FWD | KIND_FUNC | KIND_FLOAT => Type::Other,
                 k => bail!("unknown BTF kind {k} at type {id}"),
             };
-            if matches!(ty, Type::Composite { .. } | Type::Enum { .. }) && name_off != 0 {
+            if matches!(ty, Type::Composite { .. }) && name_off != 0 {
                 by_name.entry(name(name_off)).or_default().push(id);
             }
             types.push(ty);
@@ -211,18 +199,6 @@ impl Btf {
                 }
             }
             return Some(total);
-        }
-        None
-    }
-
-    /// Value of an enumerator, e.g. `enum_value("node_stat_item", "NR_SHMEM")`.
-    pub fn enum_value(&self, enum_name: &str, value: &str) -> Option<i64> {
-        for &id in self.by_name.get(enum_name)? {
-            if let Some(Type::Enum { values }) = self.types.get(id as usize)
-                && let Some((_, v)) = values.iter().find(|(n, _)| n == value)
-            {
-                return Some(*v);
-            }
         }
         None
     }

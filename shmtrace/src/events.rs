@@ -30,6 +30,7 @@ pub fn kind_name(k: EventKind) -> &'static str {
         EventKind::Unmap => "munmap",
         EventKind::Remap => "mremap",
         EventKind::OomVictim => "oom_victim",
+        EventKind::Truncate => "ftruncate",
     }
 }
 
@@ -129,6 +130,10 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         }
         Some(EventKind::OomVictim) => {
             o.insert("victim_pid".into(), json!(a[0]));
+        }
+        Some(EventKind::Truncate) => {
+            o.insert("fd".into(), json!(a[0]));
+            o.insert("length".into(), json!(a[1]));
         }
         None => {}
     }

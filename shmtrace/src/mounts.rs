@@ -13,7 +13,6 @@ pub struct Mount {
     pub dev: u32,
     pub mountpoint: String,
     pub fstype: String,
-    pub options: String,
 }
 
 impl Mount {
@@ -46,7 +45,6 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
             dev: kdev(maj, min),
             mountpoint: unescape_octal(fields[4]),
             fstype: fields[sep + 1].to_string(),
-            options: fields.get(sep + 3).unwrap_or(&"").to_string(),
         });
     }
     out
@@ -108,12 +106,19 @@ pub struct MountTables {
     /// Any tmpfs mount ever seen, by device: tmpfs devices are unique
     /// system-wide, so this answers even after the namespace is gone.
     by_dev: HashMap<u32, Mount>,
+    pub anchors: Anchors,
 }
 
 impl MountTables {
-    /// Reads `pid`'s mountinfo into the table of namespace `ns`.
+    pub fn new(self_ns: u32) -> Self {
+        Self { by_ns: HashMap::new(), by_dev: HashMap::new(), anchors: Anchors::new(self_ns) }
+    }
+
+    /// Reads the mountinfo of namespace `ns` (through its anchor, else
+    /// through `pid`) into its table.
     pub fn refresh(&mut self, ns: u32, pid: u32) -> bool {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        let reader = self.anchors.ensure(ns, pid).unwrap_or(pid);
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{reader}/mountinfo")) else {
             return false;
         };
         let mounts = parse_mountinfo(&text);
@@ -124,8 +129,9 @@ impl MountTables {
         true
     }
 
-    pub fn has_ns(&self, ns: u32) -> bool {
-        self.by_ns.contains_key(&ns)
+    /// The namespace whose table holds tmpfs `dev` (where to measure it).
+    pub fn ns_of_dev(&self, dev: u32) -> Option<u32> {
+        self.by_ns.iter().find(|(_, ms)| ms.iter().any(|m| m.dev == dev)).map(|(&ns, _)| ns)
     }
 
     pub fn by_dev(&self, dev: u32) -> Option<&Mount> {
@@ -134,7 +140,84 @@ impl MountTables {
 
     /// The mount that holds absolute `path` in namespace `ns` (longest prefix).
     pub fn for_path(&self, ns: u32, path: &str) -> Option<&Mount> {
-        self.by_ns.get(&ns)?.iter().rev().filter(|m| under(path, &m.mountpoint)).max_by_key(|m| m.mountpoint.len())
+        // max_by_key keeps the last of equals: the mount stacked on top.
+        self.by_ns.get(&ns)?.iter().filter(|m| under(path, &m.mountpoint)).max_by_key(|m| m.mountpoint.len())
+    }
+}
+
+/// One small process per mount namespace seen, parked inside it: it keeps
+/// the namespace (and a private /dev/shm) alive and readable through
+/// /proc/ANCHOR/{mountinfo,root} after the traced processes in it are gone,
+/// so mounts are resolved and measured even for a job that died at once.
+#[derive(Default)]
+pub struct Anchors {
+    by_ns: HashMap<u32, u32>,
+    self_ns: u32,
+}
+
+impl Anchors {
+    pub fn new(self_ns: u32) -> Self {
+        Self { by_ns: HashMap::new(), self_ns }
+    }
+
+    /// The process to look at namespace `ns` through: shmtrace itself for
+    /// its own namespace, else an anchor (made now, entering through `via`).
+    pub fn ensure(&mut self, ns: u32, via: u32) -> Option<u32> {
+        if ns == 0 {
+            return None;
+        }
+        if ns == self.self_ns {
+            return Some(std::process::id());
+        }
+        if let Some(&pid) = self.by_ns.get(&ns) {
+            return Some(pid);
+        }
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::File::open(format!("/proc/{via}/ns/mnt")).ok()?;
+        if file.metadata().ok()?.ino() as u32 != ns {
+            return None; // `via` has moved to another namespace since
+        }
+        // SAFETY: the child only makes async-signal-safe syscalls, then waits.
+        match unsafe { nix::unistd::fork() }.ok()? {
+            nix::unistd::ForkResult::Child => unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                let name = b"shmtrace-anchor\0";
+                libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+                use std::os::fd::AsRawFd;
+                if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::pause();
+                }
+            },
+            nix::unistd::ForkResult::Parent { child } => {
+                let pid = child.as_raw() as u32;
+                self.by_ns.insert(ns, pid);
+                Some(pid)
+            }
+        }
+    }
+
+    pub fn all(&self) -> Vec<(u32, u32)> {
+        self.by_ns.iter().map(|(&ns, &pid)| (ns, pid)).collect()
+    }
+
+    pub fn get(&self, ns: u32) -> Option<u32> {
+        if ns == self.self_ns {
+            return Some(std::process::id());
+        }
+        self.by_ns.get(&ns).copied()
+    }
+}
+
+impl Drop for Anchors {
+    fn drop(&mut self) {
+        for &pid in self.by_ns.values() {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
     }
 }
 
@@ -151,17 +234,19 @@ mod tests {
     const SAMPLE: &str = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
         30 22 0:26 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,size=65536k\n\
         31 22 0:27 / /mnt/my\\040dir rw - tmpfs none rw\n\
-        32 30 0:28 / /dev/shm/inner rw - tmpfs none rw,size=1024k\n";
+        32 30 0:28 / /dev/shm/inner rw - tmpfs none rw,size=1024k\n\
+        33 30 0:29 / /dev/shm rw - tmpfs none rw,size=2048k\n";
 
     #[test]
     fn parses_and_finds_longest_prefix() {
         let m = parse_mountinfo(SAMPLE);
-        assert_eq!(m.len(), 4);
+        assert_eq!(m.len(), 5);
         assert_eq!(m[1].dev, kdev(0, 26));
         assert_eq!(m[2].mountpoint, "/mnt/my dir");
         let mut t = MountTables::default();
         t.by_ns.insert(1, m);
-        assert_eq!(t.for_path(1, "/dev/shm/torch_1").unwrap().dev, kdev(0, 26));
+        // The later mount on the same point hides the earlier one.
+        assert_eq!(t.for_path(1, "/dev/shm/torch_1").unwrap().dev, kdev(0, 29));
         assert_eq!(t.for_path(1, "/dev/shm/inner/x").unwrap().dev, kdev(0, 28));
         assert_eq!(t.for_path(1, "/dev/shmx").unwrap().fstype, "ext4");
         assert_eq!(kdev_string(kdev(0, 26)), "0:26");

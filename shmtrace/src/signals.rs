@@ -60,5 +60,9 @@ pub fn errno_name(e: i32) -> &'static str {
 
 /// strerror-like text for the errnos shm failures end in.
 pub fn errno_text(e: i32) -> String {
-    std::io::Error::from_raw_os_error(e).to_string()
+    let s = std::io::Error::from_raw_os_error(e).to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
 }

@@ -1,1 +1,176 @@
+//! Test harness: runs the real shmtrace binary (real eBPF programs, loaded
+//! into this kernel) against real workloads in private mount namespaces
+//! with small tmpfs /dev/shm. Needs root; `scripts/test.sh` sets it all up.
 
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use serde_json::Value;
+
+pub fn root_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
+}
+
+/// The shmtrace binary under test: $SHMTRACE_BIN, else target/release.
+pub fn shmtrace() -> PathBuf {
+    if let Some(p) = std::env::var_os("SHMTRACE_BIN") {
+        return PathBuf::from(p);
+    }
+    let p = root_dir().join("target/release/shmtrace");
+    assert!(p.exists(), "{} is missing: run scripts/test.sh (it builds first)", p.display());
+    p
+}
+
+pub fn require_root() {
+    assert!(nix_is_root(), "these tests load eBPF programs: run them as root (scripts/test.sh under sudo)");
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A fresh scratch directory.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "shmtrace-test-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("scratch dir");
+    d
+}
+
+/// Compiles tests/workloads/NAME.c (once per test binary run) and returns
+/// the executable.
+pub fn workload(name: &str) -> PathBuf {
+    let src = root_dir().join("tests/workloads").join(format!("{name}.c"));
+    let out_dir = root_dir().join("target/test-workloads");
+    std::fs::create_dir_all(&out_dir).expect("workload dir");
+    let exe = out_dir.join(name);
+    let fresh = match (std::fs::metadata(&exe), std::fs::metadata(&src)) {
+        (Ok(e), Ok(s)) => e.modified().ok() >= s.modified().ok(),
+        _ => false,
+    };
+    if !fresh {
+        // Build to a unique name and rename: tests compile in parallel.
+        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
+        let st = Command::new("gcc")
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .arg("-ldl")
+            .status()
+            .expect("gcc");
+        assert!(st.success(), "cannot compile {}", src.display());
+        std::fs::rename(&tmp, &exe).expect("rename workload");
+    }
+    exe
+}
+
+/// `unshare -m ... sh -c 'mount a SIZE tmpfs on /dev/shm && SCRIPT'`: a
+/// private /dev/shm the way PLATFORM.md reproduces a container's.
+pub fn private_shm(mount_opts: &str, script: &str) -> Vec<String> {
+    vec![
+        "unshare".into(),
+        "-m".into(),
+        "--propagation".into(),
+        "private".into(),
+        "sh".into(),
+        "-c".into(),
+        format!("mount -t tmpfs -o {mount_opts} tmpfs /dev/shm && {script}"),
+    ]
+}
+
+/// What one `shmtrace run` gave.
+pub struct Traced {
+    pub output: Output,
+    pub report: Value,
+    pub events: Vec<Value>,
+}
+
+impl Traced {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    pub fn failures(&self) -> &Vec<Value> {
+        self.report["failures"].as_array().expect("failures array")
+    }
+    pub fn first(&self) -> &Value {
+        &self.report["first_failure"]
+    }
+}
+
+/// `shmtrace run --report R --events E [extra] -- cmd`, under the shared
+/// lock (see [`bpf_lock`]).
+pub fn run_traced(extra: &[&str], cmd: &[String]) -> Traced {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("run");
+    let report = dir.join("report.json");
+    let events = dir.join("events.jsonl");
+    let output = Command::new(shmtrace())
+        .arg("run")
+        .arg("--report")
+        .arg(&report)
+        .arg("--events")
+        .arg(&events)
+        .args(extra)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn shmtrace");
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!(
+            "no report ({e}); shmtrace stderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let report: Value = serde_json::from_str(&text).expect("report is JSON");
+    let events = std::fs::read_to_string(&events)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each event line is JSON"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    Traced { output, report, events }
+}
+
+/// Tests that run shmtrace hold this lock shared; the test that checks no
+/// program stays loaded after exit holds it exclusive, so no other test's
+/// programs are loaded while it looks.
+pub struct BpfLock(#[allow(dead_code)] File);
+
+pub fn bpf_lock(exclusive: bool) -> BpfLock {
+    let path = std::env::temp_dir().join("shmtrace-tests.lock");
+    let f = File::options().create(true).append(true).open(path).expect("lock file");
+    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    // SAFETY: flock on an fd we own.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), op) }, 0, "flock");
+    BpfLock(f)
+}
+
+/// The workload's own account of what happened, parsed from its stdout
+/// (the last line that is a JSON object).
+pub fn truth(stdout: &str) -> Value {
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.find('{').and_then(|i| serde_json::from_str(&l[i..]).ok()))
+        .unwrap_or_else(|| panic!("workload printed no JSON truth:\n{stdout}"))
+}
+
+pub fn pids(v: &Value) -> Vec<u64> {
+    v.as_array().expect("array").iter().map(|p| p.as_u64().expect("pid")).collect()
+}

@@ -1,0 +1,165 @@
+//! Failures on a full tmpfs, in an order the workload controls: the first
+//! failing worker is neither the lowest pid nor the first forked.
+
+use shmtrace_tests::*;
+
+const WORKERS: usize = 5;
+const FIRST: usize = 3;
+const SEG: u64 = 4 << 20;
+
+/// Runs tests/workloads/order.c in MODE under shmtrace and checks the
+/// report against the workload's own record of the order.
+fn ordered(mode: &str) -> (Traced, Vec<u64>, Vec<u64>) {
+    let order = workload("order");
+    let script = format!("exec {} {mode} /dev/shm {WORKERS} {FIRST} {SEG}", order.display());
+    let t = run_traced(&[], &private_shm("size=8m", &script));
+    let truth = truth(&t.stdout());
+    let order = pids(&truth["order"]);
+    let pids = pids(&truth["pids"]);
+    assert_eq!(order.len(), WORKERS, "workload truth: {truth}");
+    // The truth itself is what the test wants: not lowest, not first forked.
+    assert_eq!(order[0], pids[FIRST]);
+    assert_ne!(order[0], *pids.iter().min().unwrap());
+
+    let failures = t.failures();
+    assert!(failures.len() >= WORKERS, "one failure per worker at least:\n{}", t.stderr());
+    let first = t.first();
+    assert_eq!(first["pid"].as_u64(), Some(order[0]), "first failure:\n{}", t.stderr());
+    assert_eq!(first["path"].as_str(), Some(format!("/dev/shm/w{FIRST}").as_str()));
+    let ppid = first["ppid"].as_u64().unwrap();
+    assert!(t.report["processes"].as_array().unwrap().iter().any(|p| p["pid"].as_u64() == Some(ppid)));
+    // Later failures: in time order, each worker in the order it was released.
+    let mut seen = Vec::new();
+    let mut last_ts = 0;
+    for f in failures {
+        let ts = f["ts_ns"].as_u64().unwrap();
+        assert!(ts >= last_ts, "failures are in kernel time order");
+        last_ts = ts;
+        let pid = f["pid"].as_u64().unwrap();
+        if !seen.contains(&pid) {
+            seen.push(pid);
+        }
+    }
+    assert_eq!(seen, order, "failing workers in the order the workload released them");
+    // The mount at the moment of the first failure.
+    assert_eq!(first["mount"]["mountpoint"].as_str(), Some("/dev/shm"));
+    assert_eq!(first["mount"]["size_bytes"].as_u64(), Some(8 << 20));
+    assert_eq!(t.report["schema"].as_u64(), Some(1));
+    assert_eq!(t.report["lost_events"].as_u64(), Some(0));
+    (t, pids, order)
+}
+
+#[test]
+fn sigbus_from_page_fault_names_the_first_worker() {
+    let (t, _, _) = ordered("sigbus");
+    let f = t.first();
+    assert_eq!(f["kind"], "sigbus");
+    assert_eq!(f["signal"].as_i64(), Some(7));
+    assert_eq!(f["si_code"].as_i64(), Some(2), "BUS_ADRERR");
+    assert_eq!(f["si_code_name"], "BUS_ADRERR");
+    // Half a segment was free: the fault is on the first page past it.
+    let off = f["offset"].as_u64().unwrap();
+    assert!(off > 0 && off < SEG, "offset {off} inside the 4 MiB file");
+    assert_eq!(off % 4096, 0);
+    assert!(f["fault_addr"].as_str().unwrap().starts_with("0x"));
+    assert!(f["syscall"].is_null() && f["errno"].is_null());
+    let p = t.report["processes"].as_array().unwrap().iter().find(|p| p["pid"] == f["pid"]).unwrap().clone();
+    assert_eq!(p["exit_signal"].as_i64(), Some(7), "the worker died of SIGBUS");
+    assert!(t.stderr().contains("SIGBUS (BUS_ADRERR)"), "{}", t.stderr());
+}
+
+#[test]
+fn enospc_from_fallocate() {
+    let (t, _, _) = ordered("fallocate");
+    let f = t.first();
+    assert_eq!(f["kind"], "enospc");
+    assert_eq!(f["syscall"], "fallocate");
+    assert_eq!(f["errno"].as_i64(), Some(28));
+    assert_eq!(f["offset"].as_u64(), Some(0));
+    assert_eq!(f["bytes"].as_u64(), Some(SEG));
+    assert!(f["signal"].is_null());
+    // Less than half a segment was free when it failed.
+    assert!(f["mount"]["free_bytes"].as_u64().unwrap() < SEG);
+}
+
+#[test]
+fn enospc_from_write() {
+    let (t, _, _) = ordered("write");
+    let f = t.first();
+    assert_eq!(f["kind"], "enospc");
+    assert_eq!(f["syscall"], "write");
+    assert_eq!(f["bytes"].as_u64(), Some(65536));
+    // It had written about half a segment when the tmpfs ran out.
+    let off = f["offset"].as_u64().unwrap();
+    assert!(off > 0 && off <= SEG / 2 + 65536, "offset {off}");
+}
+
+#[test]
+fn enospc_from_pwrite() {
+    let (t, _, _) = ordered("pwrite");
+    assert_eq!(t.first()["syscall"], "pwrite64");
+    assert_eq!(t.first()["kind"], "enospc");
+}
+
+#[test]
+fn enospc_from_openat_at_the_inode_limit() {
+    let exe = workload("inodes");
+    let t = run_traced(&[], &private_shm("size=8m,nr_inodes=8", &format!("exec {}", exe.display())));
+    let truth = truth(&t.stdout());
+    assert_eq!(truth["errno"].as_i64(), Some(28), "the workload hit ENOSPC: {truth}");
+    let f = t.first();
+    assert_eq!(f["kind"], "enospc");
+    assert_eq!(f["syscall"], "openat");
+    assert_eq!(f["path"].as_str(), truth["path"].as_str());
+    assert_eq!(f["pid"].as_u64(), truth["pid"].as_u64());
+    assert!(f["cause"].as_str().unwrap().contains("inode limit"), "{f}");
+}
+
+#[test]
+fn mmap_error_on_a_tmpfs_fd() {
+    let exe = workload("mmap_error");
+    let t = run_traced(&[], &private_shm("size=8m", &format!("exec {}", exe.display())));
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    assert_eq!(f["kind"], "mmap_error");
+    assert_eq!(f["syscall"], "mmap");
+    assert_eq!(f["errno"].as_i64(), truth["errno"].as_i64());
+    assert_eq!(f["errno"].as_i64(), Some(12));
+    assert_eq!(f["bytes"].as_u64(), Some(1 << 30));
+    assert_eq!(f["path"].as_str(), Some("/dev/shm/big"));
+}
+
+#[test]
+fn python_shared_memory_sigbus() {
+    let dir = scratch("py");
+    let script = dir.join("shm.py");
+    std::fs::write(
+        &script,
+        "import json\nfrom multiprocessing import shared_memory as s\n\
+         m = s.SharedMemory(create=True, size=16 << 20)\n\
+         print(json.dumps({'name': m.name}), flush=True)\n\
+         m.buf[:] = b'x' * (16 << 20)\n",
+    )
+    .unwrap();
+    let cmd = private_shm("size=4m", &format!("exec /usr/bin/python3 {}", script.display()));
+    let t = run_traced(&[], &cmd);
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    assert_eq!(f["kind"], "sigbus", "{}", t.stderr());
+    assert_eq!(f["path"].as_str().unwrap(), format!("/dev/shm/{}", truth["name"].as_str().unwrap().trim_start_matches('/')));
+    // 4 MiB fit; the first page past them faulted.
+    assert!(f["offset"].as_u64().unwrap() <= 4 << 20);
+    // shmtrace exits as the command did: killed by SIGBUS.
+    assert_eq!(t.output.status.code(), Some(128 + 7));
+}
+
+#[test]
+fn a_clean_run_reports_no_failure_and_passes_the_exit_code() {
+    let t = run_traced(&[], &["sh".into(), "-c".into(), "echo hello; exit 3".into()]);
+    assert_eq!(t.output.status.code(), Some(3));
+    assert_eq!(t.stdout().trim(), "hello");
+    assert!(t.first().is_null());
+    assert_eq!(t.failures().len(), 0);
+    assert!(t.stderr().contains("no shared-memory failure"), "{}", t.stderr());
+    assert_eq!(t.report["exit"]["code"].as_i64(), Some(3));
+}
