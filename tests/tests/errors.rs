@@ -1,0 +1,180 @@
+//! Bad input and hostile environments: a clear message, a non-zero exit,
+//! and nothing left behind.
+
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+fn sh(script: &str) -> Output {
+    require_root();
+    let _lock = bpf_lock(false);
+    Command::new("sh")
+        .arg("-c")
+        .arg(script.replace("SHMTRACE", &shmtrace().display().to_string()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn not_root() {
+    let o = sh("setpriv --reuid=65534 --regid=65534 --clear-groups SHMTRACE run -- true");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("not running as root") && e.contains("sudo"), "{e}");
+}
+
+#[test]
+fn root_without_the_capabilities() {
+    let o = sh("setpriv --inh-caps=-all --bounding-set=-bpf,-perfmon,-sys_admin SHMTRACE run -- true");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("CAP_BPF") && e.contains("CAP_PERFMON"), "{e}");
+    assert!(!e.contains("CAP_SYS_PTRACE"), "it still has that one: {e}");
+}
+
+#[test]
+fn no_btf() {
+    let o = sh("unshare -m --propagation private sh -c 'mount -t tmpfs none /sys/kernel/btf && SHMTRACE run -- true'");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("BTF"), "{}", stderr(&o));
+}
+
+#[test]
+fn tracefs_not_mounted_is_mounted_by_shmtrace() {
+    let o = sh("unshare -m --propagation private sh -c \
+                'umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug/tracing 2>/dev/null; \
+                 SHMTRACE run -- true'");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("mounted tracefs"), "{}", stderr(&o));
+}
+
+#[test]
+fn tracefs_that_cannot_be_mounted_says_how() {
+    // /sys/kernel becomes a read-only tmpfs holding only btf: there is no
+    // tracefs and no directory to mount one on.
+    let o = sh("unshare -m --propagation private sh -c '\
+                mkdir -p /run/shmtrace-test-btf && mount --bind /sys/kernel/btf /run/shmtrace-test-btf && \
+                mount -t tmpfs none /sys/kernel && mkdir /sys/kernel/btf && \
+                mount --bind /run/shmtrace-test-btf /sys/kernel/btf && mount -o remount,ro,bind /sys/kernel 2>/dev/null; \
+                mount -o remount,ro /sys/kernel; SHMTRACE run -- true'");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("tracefs") && e.contains("mount -t tracefs nodev /sys/kernel/tracing"), "{e}");
+}
+
+#[test]
+fn unknown_pid() {
+    let o = sh("SHMTRACE --pid 4194000");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no process with pid 4194000"), "{}", stderr(&o));
+}
+
+#[test]
+fn command_not_found() {
+    let o = sh("SHMTRACE run -- /nonexistent/train.py");
+    assert_eq!(o.status.code(), Some(127));
+    assert!(stderr(&o).contains("cannot run `/nonexistent/train.py`: command not found"), "{}", stderr(&o));
+}
+
+#[test]
+fn nothing_to_trace_explains_the_modes() {
+    let o = sh("SHMTRACE");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--pid") && stderr(&o).contains("demo"), "{}", stderr(&o));
+}
+
+/// Names of loaded BPF programs (bpftool truncates them to 15 bytes).
+fn loaded_programs() -> Vec<String> {
+    let out = Command::new("bpftool").args(["-j", "prog", "show"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
+    v.as_array().unwrap().iter().filter_map(|p| p["name"].as_str().map(String::from)).collect()
+}
+
+const OURS: &[&str] = &["sys_exit", "signal_generate", "sched_process_fo", "sched_process_ex", "signal_deliver", "oom_mark_victim"];
+
+fn ours(names: &[String]) -> Vec<String> {
+    names.iter().filter(|n| OURS.iter().any(|o| n.starts_with(o))).cloned().collect()
+}
+
+/// The kernel frees programs asynchronously (RCU, a workqueue) once the last
+/// fd is closed: give it a moment before calling one leaked.
+fn none_of_ours_left() -> Result<(), Vec<String>> {
+    for _ in 0..50 {
+        if ours(&loaded_programs()).is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(ours(&loaded_programs()))
+}
+
+#[test]
+fn nothing_stays_attached_after_exit_or_ctrl_c() {
+    require_root();
+    // Exclusive: no other test's shmtrace may be running while we count.
+    let _lock = bpf_lock(true);
+    none_of_ours_left().expect("programs left by something else");
+    let dir = scratch("leak");
+    let during = dir.join("during.json");
+    // While the command runs, our programs are loaded...
+    let st = Command::new(shmtrace())
+        .args(["run", "--quiet", "--", "sh", "-c"])
+        .arg(format!("bpftool -j prog show > {}", during.display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&during).unwrap()).unwrap();
+    let names: Vec<String> = v.as_array().unwrap().iter().filter_map(|p| p["name"].as_str().map(String::from)).collect();
+    assert!(ours(&names).len() >= 6, "programs loaded while tracing: {names:?}");
+    // ...and after it ends, none are.
+    none_of_ours_left().expect("left loaded after the run");
+
+    // Ctrl-C on --pid detaches and still writes the report.
+    let mut job = Command::new("sleep").arg("30").spawn().unwrap();
+    let report = dir.join("r.json");
+    let mut tracer = Command::new(shmtrace())
+        .args(["--pid", &job.id().to_string(), "--report"])
+        .arg(&report)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while ours(&loaded_programs()).len() < 6 {
+        assert!(start.elapsed().as_secs() < 20, "shmtrace never attached");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let st = tracer.wait().unwrap();
+    assert!(st.success());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["target_pid"].as_u64(), Some(job.id() as u64));
+    none_of_ours_left().expect("left loaded after Ctrl-C");
+    let _ = job.kill();
+    let _ = job.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hostile_names_are_escaped_everywhere() {
+    let exe = workload("hostile");
+    let t = run_traced(&[], &private_shm("size=4m", &format!("exec {}", exe.display())));
+    let f = t.first();
+    assert_eq!(f["kind"], "sigbus", "{}", t.stderr());
+    let path = f["path"].as_str().unwrap();
+    assert_eq!(path, "/dev/shm/bad\\x0a\\x1b[31mname\\xff\\xe2\\x80\\xae");
+    assert_eq!(f["comm"].as_str().unwrap(), "ev\\x0a\\x1b[2Jil");
+    // The summary carries no raw control bytes from the process.
+    let raw = &t.output.stderr;
+    assert!(!raw.contains(&0x1b), "escape byte reached the terminal");
+    assert!(!raw.windows(4).any(|w| w == b"bad\n"), "newline in a name reached the terminal");
+    assert!(t.stderr().contains("bad\\x0a\\x1b[31mname"), "{}", t.stderr());
+    // Every --events line is valid JSON with the escaped forms.
+    assert!(t.events.iter().any(|e| e["comm"] == "ev\\x0a\\x1b[2Jil"));
+}
