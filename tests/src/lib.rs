@@ -75,6 +75,24 @@ pub fn workload(name: &str) -> PathBuf {
     exe
 }
 
+/// Compiles tests/workloads/NAME.c as a shared library (for ctypes).
+pub fn shared_lib(name: &str) -> PathBuf {
+    let src = root_dir().join("tests/workloads").join(format!("{name}.c"));
+    let out_dir = root_dir().join("target/test-workloads");
+    std::fs::create_dir_all(&out_dir).expect("workload dir");
+    let lib = out_dir.join(format!("lib{name}.so"));
+    let tmp = out_dir.join(format!("lib{name}.{}.tmp", std::process::id()));
+    let st = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("gcc");
+    assert!(st.success(), "cannot compile {}", src.display());
+    std::fs::rename(&tmp, &lib).expect("rename library");
+    lib
+}
+
 /// `unshare -m ... sh -c 'mount a SIZE tmpfs on /dev/shm && SCRIPT'`: a
 /// private /dev/shm the way PLATFORM.md reproduces a container's.
 pub fn private_shm(mount_opts: &str, script: &str) -> Vec<String> {
