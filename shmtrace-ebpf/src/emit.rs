@@ -4,7 +4,9 @@
 //! can never crowd out a failure: failures have a ring of their own.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+    },
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
@@ -39,7 +41,7 @@ pub fn count_lost(idx: u32) {
 
 #[inline(always)]
 pub fn flags(tgid: u32) -> u32 {
-    unsafe { TRACED.get(&tgid) }.copied().unwrap_or(0)
+    unsafe { TRACED.get(tgid) }.copied().unwrap_or(0)
 }
 
 /// Whether events of `tgid` are reported.

@@ -1,6 +1,8 @@
 //! Reading kernel structs at offsets user space found in BTF.
 
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes};
+use aya_ebpf::helpers::{
+    bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+};
 use shmtrace_common::{Config, FileInfo, KernelOffsets, SyscallNrs, TMPFS_MAGIC};
 
 const M: u32 = KernelOffsets::MISSING;
@@ -66,7 +68,10 @@ static NRS: SyscallNrs = SyscallNrs {
 };
 
 #[unsafe(no_mangle)]
-static CONFIG: Config = Config { all_processes: 0, _pad: 0 };
+static CONFIG: Config = Config {
+    all_processes: 0,
+    _pad: 0,
+};
 
 /// One offset from the loader-provided table.
 macro_rules! off {

@@ -8,9 +8,7 @@ use aya_ebpf::{
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
-use shmtrace_common::{
-    EDQUOT, EFBIG, ENOMEM, ENOSPC, EventKind, SIGBUS, lost, traced,
-};
+use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, EventKind, SIGBUS, lost, traced};
 
 use crate::{
     emit::{self, Ring, SHM_MAPPED, TRACED},
@@ -36,18 +34,18 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> u32 {
     }
     if !all && flags & traced::FOLLOW != 0 {
         let v = traced::REPORT | traced::FOLLOW;
-        if TRACED.insert(&pid, &v, 0).is_err() {
+        if TRACED.insert(pid, v, 0).is_err() {
             emit::count_lost(lost::TRACED_FULL);
         }
     }
-    if unsafe { SHM_MAPPED.get(&ptgid) }.is_some() {
-        let _ = SHM_MAPPED.insert(&pid, &1, 0);
+    if unsafe { SHM_MAPPED.get(ptgid) }.is_some() {
+        let _ = SHM_MAPPED.insert(pid, 1, 0);
     }
-    if flags & traced::REPORT != 0 || all {
-        if let Some(mut e) = emit::start(Ring::Events, EventKind::Fork) {
-            emit::body(&mut e).args[0] = pid as u64;
-            e.submit(0);
-        }
+    if (flags & traced::REPORT != 0 || all)
+        && let Some(mut e) = emit::start(Ring::Events, EventKind::Fork)
+    {
+        emit::body(&mut e).args[0] = pid as u64;
+        e.submit(0);
     }
     0
 }
@@ -94,8 +92,8 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         ev.args[0] = 1;
         e.submit(0);
     }
-    let _ = TRACED.remove(&tgid);
-    let _ = SHM_MAPPED.remove(&tgid);
+    let _ = TRACED.remove(tgid);
+    let _ = SHM_MAPPED.remove(tgid);
     0
 }
 
@@ -220,7 +218,11 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     // Only failures on tmpfs files are shm failures: test the fd's filesystem
     // here. Paths (open*) and mremap ranges are classified in user space.
     let (file, inode) = if by_fd {
-        let fd = if nr == nr!(mmap) { arg(regs, 4) } else { arg(regs, 0) };
+        let fd = if nr == nr!(mmap) {
+            arg(regs, 4)
+        } else {
+            arg(regs, 0)
+        };
         let file = kernel::fd_file(fd);
         let inode = kernel::tmpfs_inode(file);
         if inode == 0 {
@@ -247,7 +249,11 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         }
     }
     if by_path {
-        let p = if nr == nr!(open) || nr == nr!(creat) { ev.args[0] } else { ev.args[1] };
+        let p = if nr == nr!(open) || nr == nr!(creat) {
+            ev.args[0]
+        } else {
+            ev.args[1]
+        };
         let _ = unsafe { bpf_probe_read_user_str_bytes(p as *const u8, &mut ev.path) };
     }
     e.submit(0);
@@ -268,7 +274,7 @@ fn on_mmap(regs: u64, addr: i64) {
     if inode == 0 {
         return;
     }
-    let _ = SHM_MAPPED.insert(&tgid, &1, 0);
+    let _ = SHM_MAPPED.insert(tgid, 1, 0);
     let Some(mut e) = emit::start(Ring::Events, EventKind::Map) else {
         return;
     };
@@ -309,10 +315,14 @@ fn on_truncate(regs: u64) {
 fn on_unmap_or_remap(regs: u64, nr: u32, ret: i64) {
     let tgid = tgid();
     // Only processes that ever mapped tmpfs: Python frees arenas all the time.
-    if unsafe { SHM_MAPPED.get(&tgid) }.is_none() || !emit::is_traced(tgid) {
+    if unsafe { SHM_MAPPED.get(tgid) }.is_none() || !emit::is_traced(tgid) {
         return;
     }
-    let kind = if nr == nr!(munmap) { EventKind::Unmap } else { EventKind::Remap };
+    let kind = if nr == nr!(munmap) {
+        EventKind::Unmap
+    } else {
+        EventKind::Remap
+    };
     let Some(mut e) = emit::start(Ring::Events, kind) else {
         return;
     };
@@ -324,4 +334,3 @@ fn on_unmap_or_remap(regs: u64, nr: u32, ret: i64) {
     ev.args[2] = arg(regs, 2);
     e.submit(0);
 }
-

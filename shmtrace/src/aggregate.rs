@@ -131,7 +131,10 @@ impl Aggregator {
     pub fn add_root(&mut self, pid: u32, ts: u64, root: bool) -> bool {
         let (ppid, comm) = procs::read_stat(pid).unwrap_or((0, String::new()));
         let ns = mnt_ns_of(&pid.to_string()).unwrap_or(0);
-        let p = self.procs.entry(pid).or_insert_with(|| Proc::new(pid, ppid, ts));
+        let p = self
+            .procs
+            .entry(pid)
+            .or_insert_with(|| Proc::new(pid, ppid, ts));
         if p.comm.is_empty() {
             p.comm = comm;
         }
@@ -149,7 +152,11 @@ impl Aggregator {
     }
 
     pub fn live_pids(&self) -> Vec<u32> {
-        self.procs.values().filter(|p| p.alive()).map(|p| p.pid).collect()
+        self.procs
+            .values()
+            .filter(|p| p.alive())
+            .map(|p| p.pid)
+            .collect()
     }
 
     pub fn apply(&mut self, ev: &Event) {
@@ -178,7 +185,8 @@ impl Aggregator {
             EventKind::Exec => {
                 self.maps.clear(ev.tgid);
                 if let Some(p) = self.procs.get_mut(&ev.tgid) {
-                    p.cmdline = procs::read_cmdline(ev.tgid).or_else(|| Some(escape::bytes(&ev.path)));
+                    p.cmdline =
+                        procs::read_cmdline(ev.tgid).or_else(|| Some(escape::bytes(&ev.path)));
                 }
                 // A new program may have changed its mounts (unshare + mount).
                 self.mounts.refresh(ev.mnt_ns, ev.tgid);
@@ -211,7 +219,8 @@ impl Aggregator {
             }
             EventKind::Unmap => self.maps.unmap(ev.tgid, ev.args[0], ev.args[1]),
             EventKind::Remap => {
-                self.maps.remap(ev.tgid, ev.args[0], ev.args[1], ev.ret as u64, ev.args[2])
+                self.maps
+                    .remap(ev.tgid, ev.args[0], ev.args[1], ev.ret as u64, ev.args[2])
             }
             EventKind::SignalDeliver => {
                 if let Some(p) = self.procs.get_mut(&ev.tgid) {
@@ -234,7 +243,10 @@ impl Aggregator {
 
     /// Keeps what the header says about the process current.
     fn touch(&mut self, ev: &Event) {
-        let p = self.procs.entry(ev.tgid).or_insert_with(|| Proc::new(ev.tgid, ev.ppid, ev.ts_ns));
+        let p = self
+            .procs
+            .entry(ev.tgid)
+            .or_insert_with(|| Proc::new(ev.tgid, ev.ppid, ev.ts_ns));
         p.comm = escape::bytes(&ev.comm);
         if ev.ppid != 0 {
             p.ppid = ev.ppid;
@@ -277,7 +289,9 @@ impl Aggregator {
                 if let Some(p) = self.procs.get_mut(&target) {
                     p.sigbus_reraised = true;
                 }
-                self.other_signals.push(other("raised by the process itself (a handler re-raising it)"));
+                self.other_signals.push(other(
+                    "raised by the process itself (a handler re-raising it)",
+                ));
             } else {
                 self.other_signals.push(other("sent by another process"));
             }
@@ -286,7 +300,9 @@ impl Aggregator {
         // A handler that returns (Rust's runtime installs one) makes the
         // same access fault again: one failure, counted, not collateral.
         if let Some(f) = self.failures.iter_mut().rev().find(|f| {
-            f.kind == "sigbus" && f.tid == target_tid && f.fault_addr.as_deref() == Some(&format!("{addr:#x}"))
+            f.kind == "sigbus"
+                && f.tid == target_tid
+                && f.fault_addr.as_deref() == Some(&format!("{addr:#x}"))
         }) {
             f.refaults += 1;
             return;
@@ -299,7 +315,8 @@ impl Aggregator {
                 .find(|m| m.start <= addr && addr < m.end)
         });
         let Some(m) = mapping else {
-            self.other_signals.push(other("fault address is not in a tmpfs mapping"));
+            self.other_signals
+                .push(other("fault address is not in a tmpfs mapping"));
             return;
         };
         let offset = m.file_offset + (addr - m.start);
@@ -309,7 +326,9 @@ impl Aggregator {
             .or_else(|| self.sizes.get(&(m.dev, m.ino)).copied())
             .unwrap_or(m.size);
         if size >= 0 && offset >= size as u64 {
-            self.other_signals.push(other("access beyond the end of a tmpfs file (truncated), not a full tmpfs"));
+            self.other_signals.push(other(
+                "access beyond the end of a tmpfs file (truncated), not a full tmpfs",
+            ));
             return;
         }
         let mount = self.mount_state(m.dev, ev.mnt_ns, target, None);
@@ -374,15 +393,26 @@ impl Aggregator {
                 f.path = Some(path);
                 f.dev = Some(kdev_string(mount));
                 f.mount = self.mount_state(mount, ev.mnt_ns, ev.tgid, None);
-                f.cause = match f.mount.as_ref().and_then(|m| Some((m.inodes?, m.inodes_used?))) {
+                f.cause = match f
+                    .mount
+                    .as_ref()
+                    .and_then(|m| Some((m.inodes?, m.inodes_used?)))
+                {
                     Some((total, used)) if total > 0 && used + 1 >= total => {
-                        format!("creating a file failed: the tmpfs inode limit ({total}) is reached")
+                        format!(
+                            "creating a file failed: the tmpfs inode limit ({total}) is reached"
+                        )
                     }
-                    _ => format!("creating a file on tmpfs failed: {}", signals::errno_text(errno)),
+                    _ => format!(
+                        "creating a file on tmpfs failed: {}",
+                        signals::errno_text(errno)
+                    ),
                 };
             }
             "mremap" => {
-                let Some(m) = self.maps.find(ev.tgid, a[0]).cloned() else { return };
+                let Some(m) = self.maps.find(ev.tgid, a[0]).cloned() else {
+                    return;
+                };
                 f.kind = "mremap_error";
                 f.path = self.path_of(m.dev, m.name.as_deref(), ev.mnt_ns);
                 f.dev = Some(kdev_string(m.dev));
@@ -390,7 +420,10 @@ impl Aggregator {
                 f.offset = Some(m.file_offset + (a[0] - m.start));
                 f.bytes = Some(a[2]);
                 f.mount = self.mount_state(m.dev, ev.mnt_ns, ev.tgid, None);
-                f.cause = format!("mremap of a tmpfs mapping failed: {}", signals::errno_text(errno));
+                f.cause = format!(
+                    "mremap of a tmpfs mapping failed: {}",
+                    signals::errno_text(errno)
+                );
             }
             _ => {
                 if ev.file.valid == 0 {
@@ -417,7 +450,10 @@ impl Aggregator {
                 f.unlinked = Some(ev.file.nlink == 0);
                 f.mount = self.mount_state(ev.file.dev, ev.mnt_ns, ev.tgid, Some(ev));
                 f.cause = match (sc, errno_kind) {
-                    ("mmap", _) => format!("mmap of a tmpfs file failed: {}", signals::errno_text(errno)),
+                    ("mmap", _) => format!(
+                        "mmap of a tmpfs file failed: {}",
+                        signals::errno_text(errno)
+                    ),
                     (_, "enospc") => match (bytes, f.mount.as_ref().and_then(|m| m.free_bytes)) {
                         (Some(b), Some(free)) => format!(
                             "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
@@ -437,7 +473,9 @@ impl Aggregator {
         let victim = ev.args[0] as u32;
         let f = Failure {
             kind: "oom_kill",
-            cause: "the OOM killer chose this process (tmpfs pages are charged to its memory cgroup)".into(),
+            cause:
+                "the OOM killer chose this process (tmpfs pages are charged to its memory cgroup)"
+                    .into(),
             ..self.base_failure(ev, victim, victim)
         };
         self.record(f);
@@ -451,8 +489,12 @@ impl Aggregator {
             delay_ns: 0,
             pid,
             tid,
-            ppid: p.map(|p| p.ppid).unwrap_or(if pid == ev.tgid { ev.ppid } else { 0 }),
-            comm: p.map(|p| p.comm.clone()).unwrap_or_else(|| escape::bytes(&ev.comm)),
+            ppid: p
+                .map(|p| p.ppid)
+                .unwrap_or(if pid == ev.tgid { ev.ppid } else { 0 }),
+            comm: p
+                .map(|p| p.comm.clone())
+                .unwrap_or_else(|| escape::bytes(&ev.comm)),
             kind: "",
             syscall: None,
             errno: None,
@@ -496,7 +538,10 @@ impl Aggregator {
             }
             match self.procs.get(&pp) {
                 Some(p) => {
-                    out.push(Ancestor { pid: pp, comm: p.comm.clone() });
+                    out.push(Ancestor {
+                        pid: pp,
+                        comm: p.comm.clone(),
+                    });
                     if p.root {
                         break;
                     }
@@ -528,7 +573,8 @@ impl Aggregator {
             path.clone()
         } else {
             let dirfd = ev.args[0] as i32;
-            let base = if syscall_name(ev.syscall).starts_with("openat") && dirfd != libc::AT_FDCWD {
+            let base = if syscall_name(ev.syscall).starts_with("openat") && dirfd != libc::AT_FDCWD
+            {
                 std::fs::read_link(format!("/proc/{}/fd/{dirfd}", ev.tgid)).ok()?
             } else {
                 std::fs::read_link(format!("/proc/{}/cwd", ev.tgid)).ok()?
@@ -543,7 +589,13 @@ impl Aggregator {
 
     /// Size and use of mount `dev` now, measured through a live process in
     /// namespace `ns` (exact), else from the kernel's counters in `ev`.
-    fn mount_state(&mut self, dev: u32, ns: u32, pid: u32, ev: Option<&Event>) -> Option<MountAtFailure> {
+    fn mount_state(
+        &mut self,
+        dev: u32,
+        ns: u32,
+        pid: u32,
+        ev: Option<&Event>,
+    ) -> Option<MountAtFailure> {
         self.ensure_mount(dev, ns, pid);
         let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
         let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
@@ -593,7 +645,12 @@ impl Aggregator {
             candidates.push(Some(pp));
             cur = self.procs.get(&pp).map(|p| p.ppid);
         }
-        candidates.extend(self.procs.values().filter(|p| p.mnt_ns == ns && p.alive()).map(|p| Some(p.pid)));
+        candidates.extend(
+            self.procs
+                .values()
+                .filter(|p| p.mnt_ns == ns && p.alive())
+                .map(|p| Some(p.pid)),
+        );
         if ns == self.self_ns {
             candidates.push(None);
         }
@@ -602,7 +659,9 @@ impl Aggregator {
                 Some(p) => format!("/proc/{p}/root{mountpoint}"),
                 None => mountpoint.to_string(),
             };
-            let Ok(st) = nix::sys::stat::stat(path.as_str()) else { continue };
+            let Ok(st) = nix::sys::stat::stat(path.as_str()) else {
+                continue;
+            };
             let (maj, min) = (libc::major(st.st_dev) as u32, libc::minor(st.st_dev) as u32);
             if mounts::kdev(maj, min) != dev {
                 continue;
@@ -629,7 +688,9 @@ impl Aggregator {
 
 /// Current size of the file behind mapping `m`, through /proc/PID/map_files.
 fn map_file_size(pid: u32, m: &Mapping) -> Option<i64> {
-    let st = nix::sys::stat::stat(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end).as_str()).ok()?;
+    let st =
+        nix::sys::stat::stat(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end).as_str())
+            .ok()?;
     (st.st_ino == m.ino).then_some(st.st_size)
 }
 
@@ -641,7 +702,9 @@ fn parse_kdev(s: &str) -> Option<u32> {
 /// Inode number of /proc/<who>/ns/mnt.
 pub fn mnt_ns_of(who: &str) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{who}/ns/mnt")).ok().map(|m| m.ino() as u32)
+    std::fs::metadata(format!("/proc/{who}/ns/mnt"))
+        .ok()
+        .map(|m| m.ino() as u32)
 }
 
 pub fn human_bytes(b: u64) -> String {

@@ -73,7 +73,12 @@ fn add(session: &mut Session, pid: u32, ts: u64, root: bool) {
 /// Running and not a zombie.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit(')').next().and_then(|r| r.split_whitespace().next()) != Some("Z"),
+        Ok(s) => {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        }
         Err(_) => false,
     }
 }

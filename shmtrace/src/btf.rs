@@ -38,7 +38,9 @@ struct Member {
 #[derive(Clone, Debug)]
 enum Type {
     /// struct or union
-    Composite { members: Vec<Member> },
+    Composite {
+        members: Vec<Member>,
+    },
     /// typedef, const, volatile, restrict, type tag: look through
     Alias(u32),
     Other,
@@ -64,10 +66,14 @@ impl Btf {
 
     pub fn parse(data: &[u8]) -> Result<Self> {
         let u16_at = |o: usize| -> Result<u16> {
-            Ok(u16::from_le_bytes(data.get(o..o + 2).context("truncated")?.try_into()?))
+            Ok(u16::from_le_bytes(
+                data.get(o..o + 2).context("truncated")?.try_into()?,
+            ))
         };
         let u32_at = |o: usize| -> Result<u32> {
-            Ok(u32::from_le_bytes(data.get(o..o + 4).context("truncated")?.try_into()?))
+            Ok(u32::from_le_bytes(
+                data.get(o..o + 4).context("truncated")?.try_into()?,
+            ))
         };
         if u16_at(0)? != MAGIC {
             bail!("not BTF (bad magic)");
@@ -77,7 +83,9 @@ impl Btf {
         let type_len = u32_at(12)? as usize;
         let str_off = hdr_len + u32_at(16)? as usize;
         let str_len = u32_at(20)? as usize;
-        let strings = data.get(str_off..str_off + str_len).context("truncated strings")?;
+        let strings = data
+            .get(str_off..str_off + str_len)
+            .context("truncated strings")?;
         let name = |off: u32| -> String {
             let s = &strings[(off as usize).min(strings.len())..];
             let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
@@ -214,7 +222,11 @@ mod tests {
         let strings = b"\0outer\0a\0b\0c\0in\0inner\0x\0y\0int\0";
         let s = |n: &str| -> u32 {
             let needle = format!("\0{n}\0");
-            (strings.windows(needle.len()).position(|w| w == needle.as_bytes()).unwrap() + 1) as u32
+            (strings
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap()
+                + 1) as u32
         };
         let mut t = Vec::new();
         let mut push = |v: u32| t.extend_from_slice(&v.to_le_bytes());

@@ -11,7 +11,8 @@ use crate::{
     session::Outputs,
 };
 
-const ABOUT: &str = "Finds which process failed first when shared memory (/dev/shm) ran out, and why.";
+const ABOUT: &str =
+    "Finds which process failed first when shared memory (/dev/shm) ran out, and why.";
 
 const LONG_ABOUT: &str = "\
 Finds which process failed first when shared memory (/dev/shm, tmpfs) ran out, and why.
@@ -66,7 +67,11 @@ pub struct OutputArgs {
 
 impl OutputArgs {
     fn outputs(&self) -> Outputs {
-        Outputs { report: self.report.clone(), events: self.events.clone(), quiet: self.quiet }
+        Outputs {
+            report: self.report.clone(),
+            events: self.events.clone(),
+            quiet: self.quiet,
+        }
     }
 }
 
@@ -74,7 +79,9 @@ impl OutputArgs {
 pub enum Cmd {
     /// Run CMD traced from its first instruction; print the diagnosis when it
     /// ends and exit with CMD's status (128+N when killed by signal N).
-    #[command(after_help = "Example:\n  sudo shmtrace run --shm-size 64M --report r.json -- python train.py")]
+    #[command(
+        after_help = "Example:\n  sudo shmtrace run --shm-size 64M --report r.json -- python train.py"
+    )]
     Run {
         /// Give CMD a private /dev/shm of this size (a tmpfs in its own mount
         /// namespace), like `docker run --shm-size`. Accepts 64M, 1G, 65536k, bytes.
@@ -87,7 +94,12 @@ pub enum Cmd {
         user: Option<String>,
 
         /// The command and its arguments (after --).
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         command: Vec<String>,
     },
 
@@ -154,7 +166,9 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
 /// "64M", "1G", "65536k", "512MiB", "1048576" -> bytes.
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = match num.parse() {
         Ok(n) => n,

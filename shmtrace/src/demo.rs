@@ -16,7 +16,10 @@ use anyhow::{Context, Result, bail};
 use nix::{
     cmsg_space,
     sys::{
-        socket::{AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, sendmsg, socketpair},
+        socket::{
+            AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+            recvmsg, sendmsg, socketpair,
+        },
         wait::{WaitPidFlag, WaitStatus, waitpid},
     },
     unistd::{ForkResult, Pid, fork},
@@ -34,8 +37,13 @@ pub fn trainer(w: Workload) -> Result<i32> {
     set_comm("demo_trainer");
     let mut workers: Vec<(Pid, OwnedFd)> = Vec::new();
     for idx in 0..w.workers {
-        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-            .context("socketpair")?;
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .context("socketpair")?;
         // SAFETY: single-threaded here; the child only runs the worker loop.
         match unsafe { fork() }.context("fork")? {
             ForkResult::Child => {
@@ -98,7 +106,11 @@ pub fn trainer(w: Workload) -> Result<i32> {
         "RuntimeError: DataLoader worker (pid {pid}) is {why}. It is possible that dataloader's workers \
          are out of shared memory. Please try to raise your shared memory limit."
     );
-    println!("demo_trainer: held {} batches ({} MiB) when it stopped", held.len(), (held.len() as u64 * w.batch_bytes) >> 20);
+    println!(
+        "demo_trainer: held {} batches ({} MiB) when it stopped",
+        held.len(),
+        (held.len() as u64 * w.batch_bytes) >> 20
+    );
     for (pid, _) in &workers {
         let _ = nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(*pid, None);
@@ -135,9 +147,19 @@ fn worker(idx: u32, w: Workload, sock: OwnedFd) -> ! {
         };
         // SAFETY: a fresh shared mapping of our own file; fill touches each page.
         unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            );
             if p == libc::MAP_FAILED {
-                eprintln!("demo_worker_{idx}: mmap: {}", std::io::Error::last_os_error());
+                eprintln!(
+                    "demo_worker_{idx}: mmap: {}",
+                    std::io::Error::last_os_error()
+                );
                 std::process::exit(1);
             }
             let _ = std::fs::remove_file(&name);
@@ -149,7 +171,15 @@ fn worker(idx: u32, w: Workload, sock: OwnedFd) -> ! {
         let payload = batch.to_le_bytes();
         let iov = [std::io::IoSlice::new(&payload)];
         let fds = [fd.as_raw_fd()];
-        if sendmsg::<()>(sock.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None).is_err() {
+        if sendmsg::<()>(
+            sock.as_raw_fd(),
+            &iov,
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .is_err()
+        {
             std::process::exit(0); // trainer gone
         }
         drop(fd);
@@ -162,9 +192,16 @@ fn create_segment(name: &str, size: usize) -> Result<OwnedFd> {
     let c = std::ffi::CString::new(name)?;
     // SAFETY: plain syscalls on a path we own.
     unsafe {
-        let fd = libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600);
+        let fd = libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        );
         if fd < 0 {
-            bail!("unable to open shared memory object <{name}>: {}", std::io::Error::last_os_error());
+            bail!(
+                "unable to open shared memory object <{name}>: {}",
+                std::io::Error::last_os_error()
+            );
         }
         let fd = OwnedFd::from_raw_fd(fd);
         if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
@@ -178,7 +215,13 @@ fn recv_fd(sock: RawFd) -> Option<OwnedFd> {
     let mut buf = [0u8; 8];
     let mut iov = [IoSliceMut::new(&mut buf)];
     let mut space = cmsg_space!([RawFd; 1]);
-    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC).ok()?;
+    let msg = recvmsg::<()>(
+        sock,
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
     for c in msg.cmsgs().ok()? {
         if let ControlMessageOwned::ScmRights(fds) = c
             && let Some(&fd) = fds.first()

@@ -78,14 +78,27 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
             let code = ev.ret as i32;
             o.insert("exit_code".into(), json!((code >> 8) & 0xff));
             let sig = code & 0x7f;
-            o.insert("signal".into(), if sig != 0 { json!(sig) } else { Value::Null });
-            o.insert("signal_name".into(), if sig != 0 { json!(signals::describe(sig)) } else { Value::Null });
+            o.insert(
+                "signal".into(),
+                if sig != 0 { json!(sig) } else { Value::Null },
+            );
+            o.insert(
+                "signal_name".into(),
+                if sig != 0 {
+                    json!(signals::describe(sig))
+                } else {
+                    Value::Null
+                },
+            );
             o.insert("core_dumped".into(), json!(code & 0x80 != 0));
         }
         Some(EventKind::SignalGenerate) => {
             o.insert("signal".into(), json!(a[0]));
             o.insert("si_code".into(), json!(a[1] as i64));
-            o.insert("si_code_name".into(), json!(signals::sigbus_code_name(a[1] as i64 as i32)));
+            o.insert(
+                "si_code_name".into(),
+                json!(signals::sigbus_code_name(a[1] as i64 as i32)),
+            );
             o.insert("si_addr".into(), json!(format!("{:#x}", a[2])));
             o.insert("si_errno".into(), json!(ev.ret));
             o.insert("target_pid".into(), json!(a[3]));
@@ -96,16 +109,22 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         Some(EventKind::SignalDeliver) => {
             o.insert("signal".into(), json!(a[0]));
             o.insert("si_code".into(), json!(a[1] as i64));
-            o.insert("handler".into(), json!(match a[2] {
-                0 => "default".to_string(),
-                1 => "ignore".to_string(),
-                h => format!("{h:#x}"),
-            }));
+            o.insert(
+                "handler".into(),
+                json!(match a[2] {
+                    0 => "default".to_string(),
+                    1 => "ignore".to_string(),
+                    h => format!("{h:#x}"),
+                }),
+            );
         }
         Some(EventKind::SyscallFail) => {
             o.insert("syscall".into(), json!(syscall_name(ev.syscall)));
             o.insert("errno".into(), json!(-ev.ret));
-            o.insert("errno_name".into(), json!(signals::errno_name(-ev.ret as i32)));
+            o.insert(
+                "errno_name".into(),
+                json!(signals::errno_name(-ev.ret as i32)),
+            );
             o.insert("args".into(), json!(a));
             if ev.path[0] != 0 {
                 o.insert("path".into(), json!(escape::bytes(&ev.path)));

@@ -35,7 +35,10 @@ pub struct Fail {
 
 impl Fail {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -51,10 +54,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo's workload runs without tracing or a runtime of its own.
     if let Some(Cmd::DemoWorkload { workers, batch_mib }) = &cli.command {
-        let w = demo::Workload { workers: *workers, batch_bytes: batch_mib << 20 };
+        let w = demo::Workload {
+            workers: *workers,
+            batch_bytes: batch_mib << 20,
+        };
         return exit(demo::trainer(w));
     }
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return exit(Err(e.into())),
     };

@@ -35,12 +35,18 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
     let mut out = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
         if fields.len() < 6 || fields.len() < sep + 3 {
             continue;
         }
-        let Some((maj, min)) = fields[2].split_once(':') else { continue };
-        let (Ok(maj), Ok(min)) = (maj.parse(), min.parse()) else { continue };
+        let Some((maj, min)) = fields[2].split_once(':') else {
+            continue;
+        };
+        let (Ok(maj), Ok(min)) = (maj.parse(), min.parse()) else {
+            continue;
+        };
         out.push(Mount {
             dev: kdev(maj, min),
             mountpoint: unescape_octal(fields[4]),
@@ -56,7 +62,10 @@ fn unescape_octal(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -111,7 +120,11 @@ pub struct MountTables {
 
 impl MountTables {
     pub fn new(self_ns: u32) -> Self {
-        Self { by_ns: HashMap::new(), by_dev: HashMap::new(), anchors: Anchors::new(self_ns) }
+        Self {
+            by_ns: HashMap::new(),
+            by_dev: HashMap::new(),
+            anchors: Anchors::new(self_ns),
+        }
     }
 
     /// Reads the mountinfo of namespace `ns` (through its anchor, else
@@ -131,7 +144,10 @@ impl MountTables {
 
     /// The namespace whose table holds tmpfs `dev` (where to measure it).
     pub fn ns_of_dev(&self, dev: u32) -> Option<u32> {
-        self.by_ns.iter().find(|(_, ms)| ms.iter().any(|m| m.dev == dev)).map(|(&ns, _)| ns)
+        self.by_ns
+            .iter()
+            .find(|(_, ms)| ms.iter().any(|m| m.dev == dev))
+            .map(|(&ns, _)| ns)
     }
 
     pub fn by_dev(&self, dev: u32) -> Option<&Mount> {
@@ -141,7 +157,11 @@ impl MountTables {
     /// The mount that holds absolute `path` in namespace `ns` (longest prefix).
     pub fn for_path(&self, ns: u32, path: &str) -> Option<&Mount> {
         // max_by_key keeps the last of equals: the mount stacked on top.
-        self.by_ns.get(&ns)?.iter().filter(|m| under(path, &m.mountpoint)).max_by_key(|m| m.mountpoint.len())
+        self.by_ns
+            .get(&ns)?
+            .iter()
+            .filter(|m| under(path, &m.mountpoint))
+            .max_by_key(|m| m.mountpoint.len())
     }
 }
 
@@ -157,7 +177,10 @@ pub struct Anchors {
 
 impl Anchors {
     pub fn new(self_ns: u32) -> Self {
-        Self { by_ns: HashMap::new(), self_ns }
+        Self {
+            by_ns: HashMap::new(),
+            self_ns,
+        }
     }
 
     /// The process to look at namespace `ns` through: shmtrace itself for

@@ -23,7 +23,9 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
                 if required {
                     missing_required.push(format!("{s}.{m}"));
                 } else {
-                    notes.push(format!("kernel BTF has no {s}.{m}: that detail is left out"));
+                    notes.push(format!(
+                        "kernel BTF has no {s}.{m}: that detail is left out"
+                    ));
                 }
                 MISSING
             }
@@ -80,7 +82,9 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
     }
 
     let exec = TpFormat::read(tracefs, "sched", "sched_process_exec")?;
-    o.tp_exec_filename = exec.offset("filename").context("sched_process_exec has no filename")?;
+    o.tp_exec_filename = exec
+        .offset("filename")
+        .context("sched_process_exec has no filename")?;
     o.tp_exec_old_pid = exec.offset("old_pid").unwrap_or(MISSING);
     let exit = TpFormat::read(tracefs, "sched", "sched_process_exit")?;
     o.tp_exit_group_dead = exit.offset("group_dead").unwrap_or(MISSING);
@@ -100,7 +104,11 @@ pub struct TpFormat {
 
 impl TpFormat {
     pub fn read(tracefs: &Path, category: &str, name: &str) -> Result<Self> {
-        let path = tracefs.join("events").join(category).join(name).join("format");
+        let path = tracefs
+            .join("events")
+            .join(category)
+            .join(name)
+            .join("format");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         Ok(Self::parse(&text))
@@ -110,7 +118,9 @@ impl TpFormat {
         let mut fields = Vec::new();
         for line in text.lines() {
             let line = line.trim();
-            let Some(rest) = line.strip_prefix("field:") else { continue };
+            let Some(rest) = line.strip_prefix("field:") else {
+                continue;
+            };
             let mut parts = rest.split(';');
             let decl = parts.next().unwrap_or("").trim();
             let name = decl.rsplit([' ', '*']).next().unwrap_or("");
@@ -126,7 +136,10 @@ impl TpFormat {
     }
 
     pub fn offset(&self, field: &str) -> Option<u32> {
-        self.fields.iter().find(|(n, _)| n == field).map(|(_, o)| *o)
+        self.fields
+            .iter()
+            .find(|(n, _)| n == field)
+            .map(|(_, o)| *o)
     }
 }
 

@@ -79,11 +79,16 @@ pub fn ensure_tracefs() -> Result<(PathBuf, bool)> {
         Some("nodev"),
         target,
         Some("tracefs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
+        nix::mount::MsFlags::MS_NOSUID
+            | nix::mount::MsFlags::MS_NODEV
+            | nix::mount::MsFlags::MS_NOEXEC,
         None::<&str>,
     ) {
         Ok(()) if target.join("events").is_dir() => Ok((target.to_path_buf(), true)),
-        Ok(()) => bail!("mounted tracefs at {} but it has no events/ directory", target.display()),
+        Ok(()) => bail!(
+            "mounted tracefs at {} but it has no events/ directory",
+            target.display()
+        ),
         Err(e) => bail!(
             "tracefs is not mounted and mounting it failed ({e}).\n  Mount it yourself: \
              sudo mount -t tracefs nodev /sys/kernel/tracing\n  (in a container: bind-mount the \

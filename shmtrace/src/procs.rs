@@ -152,8 +152,12 @@ impl MappingTable {
 
     /// mremap: the pages move, keeping their file offsets.
     pub fn remap(&mut self, pid: u32, old: u64, old_len: u64, new: u64, new_len: u64) {
-        let Some(v) = self.by_pid.get_mut(&pid) else { return };
-        let Some(m) = v.iter().find(|m| m.start <= old && old < m.end).cloned() else { return };
+        let Some(v) = self.by_pid.get_mut(&pid) else {
+            return;
+        };
+        let Some(m) = v.iter().find(|m| m.start <= old && old < m.end).cloned() else {
+            return;
+        };
         remove_range(v, old, old + page_up(old_len));
         v.push(Mapping {
             start: new,
@@ -174,7 +178,11 @@ impl MappingTable {
     }
 
     pub fn find(&self, pid: u32, addr: u64) -> Option<&Mapping> {
-        self.by_pid.get(&pid)?.iter().rev().find(|m| m.start <= addr && addr < m.end)
+        self.by_pid
+            .get(&pid)?
+            .iter()
+            .rev()
+            .find(|m| m.start <= addr && addr < m.end)
     }
 }
 
@@ -191,10 +199,17 @@ fn remove_range(v: &mut Vec<Mapping>, start: u64, end: u64) {
             continue;
         }
         if m.start < start {
-            out.push(Mapping { end: start, ..m.clone() });
+            out.push(Mapping {
+                end: start,
+                ..m.clone()
+            });
         }
         if m.end > end {
-            out.push(Mapping { start: end, file_offset: m.file_offset + (end - m.start), ..m.clone() });
+            out.push(Mapping {
+                start: end,
+                file_offset: m.file_offset + (end - m.start),
+                ..m.clone()
+            });
         }
     }
     *v = out;
@@ -216,12 +231,18 @@ pub fn scan_maps(pid: u32, is_tmpfs: impl Fn(u32) -> bool) -> Vec<Mapping> {
             continue;
         };
         let path = f.next().unwrap_or("").trim_start();
-        let Ok(ino) = ino.parse::<u64>() else { continue };
+        let Ok(ino) = ino.parse::<u64>() else {
+            continue;
+        };
         if ino == 0 {
             continue;
         }
-        let Some((s, e)) = range.split_once('-') else { continue };
-        let Some((maj, min)) = dev.split_once(':') else { continue };
+        let Some((s, e)) = range.split_once('-') else {
+            continue;
+        };
+        let Some((maj, min)) = dev.split_once(':') else {
+            continue;
+        };
         let (Ok(s), Ok(e), Ok(off), Ok(maj), Ok(min)) = (
             u64::from_str_radix(s, 16),
             u64::from_str_radix(e, 16),
@@ -254,7 +275,15 @@ mod tests {
     use super::*;
 
     fn m(start: u64, end: u64, off: u64) -> Mapping {
-        Mapping { start, end, file_offset: off, dev: 1, ino: 2, name: None, size: 0 }
+        Mapping {
+            start,
+            end,
+            file_offset: off,
+            dev: 1,
+            ino: 2,
+            name: None,
+            size: 0,
+        }
     }
 
     #[test]

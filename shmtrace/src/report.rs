@@ -86,7 +86,11 @@ impl Report {
                 traced_map_full: ctx.lost[2],
             },
             events_received: agg.events_seen,
-            events_by_kind: agg.by_kind.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            events_by_kind: agg
+                .by_kind
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
             exit: ctx.exit,
             notes: ctx.notes,
         }
@@ -94,6 +98,7 @@ impl Report {
 
     pub fn write(&self, path: &std::path::Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("cannot write report {}", path.display()))
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write report {}", path.display()))
     }
 }

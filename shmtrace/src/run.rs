@@ -63,7 +63,11 @@ fn identity(user: Option<&str>) -> Result<Option<Identity>> {
     }
     let cname = CString::new(user.name.clone())?;
     let groups = nix::unistd::getgrouplist(&cname, user.gid).unwrap_or_else(|_| vec![user.gid]);
-    Ok(Some(Identity { uid: user.uid, gid: user.gid, groups }))
+    Ok(Some(Identity {
+        uid: user.uid,
+        gid: user.gid,
+        groups,
+    }))
 }
 
 pub async fn run(opts: RunOpts) -> Result<i32> {
@@ -83,7 +87,13 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         cmd.pre_exec(move || {
             if let Some(opts) = &tmpfs_opts {
                 unshare(CloneFlags::CLONE_NEWNS)?;
-                mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+                mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )?;
                 mount(
                     Some("tmpfs"),
                     "/dev/shm",
@@ -120,7 +130,11 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
             } else {
                 ""
             };
-            return Err(Fail::new(code, format!("cannot run `{}`: {what}{hint}", crate::escape::str(program))).into());
+            return Err(Fail::new(
+                code,
+                format!("cannot run `{}`: {what}{hint}", crate::escape::str(program)),
+            )
+            .into());
         }
     };
     let pid = child.id();
@@ -142,11 +156,25 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         }
     };
     let exit = match (status.code(), status.signal()) {
-        (Some(c), _) => Exit { code: Some(c), signal: None, status: c },
-        (None, Some(s)) => Exit { code: None, signal: Some(s), status: 128 + s },
-        _ => Exit { code: None, signal: None, status: 1 },
+        (Some(c), _) => Exit {
+            code: Some(c),
+            signal: None,
+            status: c,
+        },
+        (None, Some(s)) => Exit {
+            code: None,
+            signal: Some(s),
+            status: 128 + s,
+        },
+        _ => Exit {
+            code: None,
+            signal: None,
+            status: 1,
+        },
     };
     let code = exit.status;
-    session.finish(opts.mode, Some(opts.command.clone()), Some(pid), Some(exit)).await?;
+    session
+        .finish(opts.mode, Some(opts.command.clone()), Some(pid), Some(exit))
+        .await?;
     Ok(code)
 }

@@ -38,20 +38,27 @@ impl Session {
     pub fn start(outputs: Outputs, all_processes: bool) -> Result<Self> {
         // Open outputs first: a typo in a path should fail before tracing.
         let events_out = match &outputs.events {
-            Some(p) => Some(BufWriter::new(
-                File::create(p).with_context(|| format!("cannot create events file {}", p.display()))?,
-            )),
+            Some(p) => Some(BufWriter::new(File::create(p).with_context(|| {
+                format!("cannot create events file {}", p.display())
+            })?)),
             None => None,
         };
         if let Some(p) = &outputs.report {
-            File::create(p).with_context(|| format!("cannot create report file {}", p.display()))?;
+            File::create(p)
+                .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
         let tracer = Tracer::start(all_processes)?;
         let start_ns = tracer::monotonic_ns();
         for n in &tracer.notes {
             eprintln!("shmtrace: note: {n}");
         }
-        Ok(Self { tracer, agg: Aggregator::new(start_ns), events_out, outputs, start_ns })
+        Ok(Self {
+            tracer,
+            agg: Aggregator::new(start_ns),
+            events_out,
+            outputs,
+            start_ns,
+        })
     }
 
     /// Moves every event that is safe to order into the aggregator.

@@ -20,7 +20,11 @@ pub fn describe(sig: i32) -> String {
         15 => "Terminated",
         _ => "",
     };
-    if name.is_empty() { format!("signal {sig}") } else { format!("signal {sig} ({name})") }
+    if name.is_empty() {
+        format!("signal {sig}")
+    } else {
+        format!("signal {sig} ({name})")
+    }
 }
 
 pub fn sigbus_code_name(code: i32) -> &'static str {

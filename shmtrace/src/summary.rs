@@ -24,22 +24,38 @@ pub fn render(r: &Report) -> String {
             r.duration_s
         );
         if !r.other_sigbus.is_empty() {
-            let _ = writeln!(s, "  {} SIGBUS not caused by tmpfs (see the report's other_sigbus).", r.other_sigbus.len());
+            let _ = writeln!(
+                s,
+                "  {} SIGBUS not caused by tmpfs (see the report's other_sigbus).",
+                r.other_sigbus.len()
+            );
         }
         lost_line(&mut s, r);
         return s;
     };
 
-    let _ = writeln!(s, "shmtrace: shared memory ran out; the first process to fail was {}", who(first.pid, &first.comm));
+    let _ = writeln!(
+        s,
+        "shmtrace: shared memory ran out; the first process to fail was {}",
+        who(first.pid, &first.comm)
+    );
     let _ = writeln!(s);
-    let _ = writeln!(s, "  first failure  +{:.6}s  {}", first.time_s, who(first.pid, &first.comm));
+    let _ = writeln!(
+        s,
+        "  first failure  +{:.6}s  {}",
+        first.time_s,
+        who(first.pid, &first.comm)
+    );
     if let Some(parent) = first.ancestry.first() {
         let _ = writeln!(s, "  parent         {}", who(parent.pid, &parent.comm));
     }
     let _ = writeln!(s, "  what           {}", what(first));
     let _ = writeln!(s, "  why            {}", first.cause);
     if let Some(m) = &first.mount {
-        let mp = m.mountpoint.clone().unwrap_or_else(|| "(internal shmem)".into());
+        let mp = m
+            .mountpoint
+            .clone()
+            .unwrap_or_else(|| "(internal shmem)".into());
         match (m.size_bytes, m.used_bytes) {
             (Some(size), Some(used)) if size > 0 => {
                 let _ = writeln!(
@@ -66,7 +82,9 @@ pub fn render(r: &Report) -> String {
         };
         let handler = match (p.sigbus_handler_ran, p.sigbus_reraised, p.exit_signal) {
             (true, true, _) => " (its SIGBUS handler ran, then raised the signal again)",
-            (true, false, Some(7)) => " (its SIGBUS handler ran and returned; the access faulted again)",
+            (true, false, Some(7)) => {
+                " (its SIGBUS handler ran and returned; the access faulted again)"
+            }
             (true, false, _) => " (a SIGBUS handler caught it)",
             _ => "",
         };
@@ -74,7 +92,12 @@ pub fn render(r: &Report) -> String {
     }
     if first.ancestry.len() > 1 {
         let chain: Vec<String> = std::iter::once(format!("{} {}", first.pid, first.comm))
-            .chain(first.ancestry.iter().map(|a| format!("{} {}", a.pid, a.comm)))
+            .chain(
+                first
+                    .ancestry
+                    .iter()
+                    .map(|a| format!("{} {}", a.pid, a.comm)),
+            )
             .collect();
         let _ = writeln!(s, "  ancestry       {}", chain.join(" <- "));
     }
@@ -82,12 +105,27 @@ pub fn render(r: &Report) -> String {
     let rest: Vec<&Failure> = r.failures.iter().skip(1).collect();
     if !rest.is_empty() {
         let _ = writeln!(s);
-        let _ = writeln!(s, "  {} later failure{} (collateral):", rest.len(), if rest.len() == 1 { "" } else { "s" });
+        let _ = writeln!(
+            s,
+            "  {} later failure{} (collateral):",
+            rest.len(),
+            if rest.len() == 1 { "" } else { "s" }
+        );
         for f in rest.iter().take(MAX_COLLATERAL) {
-            let _ = writeln!(s, "    +{:>10}  {:<28} {}", delay(f.delay_ns), who(f.pid, &f.comm), what(f));
+            let _ = writeln!(
+                s,
+                "    +{:>10}  {:<28} {}",
+                delay(f.delay_ns),
+                who(f.pid, &f.comm),
+                what(f)
+            );
         }
         if rest.len() > MAX_COLLATERAL {
-            let _ = writeln!(s, "    ... and {} more (all in the report)", rest.len() - MAX_COLLATERAL);
+            let _ = writeln!(
+                s,
+                "    ... and {} more (all in the report)",
+                rest.len() - MAX_COLLATERAL
+            );
         }
     }
     let failed_pids: Vec<u32> = {
@@ -103,7 +141,13 @@ pub fn render(r: &Report) -> String {
             "  note: the lowest failing pid is {}, which is the one a framework that checks workers in \
              pid order (PyTorch's DataLoader) names; it failed {} after pid {}.",
             failed_pids[0],
-            delay(r.failures.iter().find(|f| f.pid == failed_pids[0]).map(|f| f.delay_ns).unwrap_or(0)),
+            delay(
+                r.failures
+                    .iter()
+                    .find(|f| f.pid == failed_pids[0])
+                    .map(|f| f.delay_ns)
+                    .unwrap_or(0)
+            ),
             first.pid
         );
     }
@@ -129,7 +173,11 @@ fn lost_line(s: &mut String, r: &Report) {
 /// "SIGBUS (BUS_ADRERR) at offset 8.0 MiB of /dev/shm/x, a 4 KiB page"
 fn what(f: &Failure) -> String {
     let path = f.path.clone().unwrap_or_else(|| "?".into());
-    let deleted = if f.unlinked == Some(true) { " (unlinked)" } else { "" };
+    let deleted = if f.unlinked == Some(true) {
+        " (unlinked)"
+    } else {
+        ""
+    };
     match f.kind {
         "sigbus" => format!(
             "SIGBUS ({}) on a page of {path}{deleted} at offset {} ({}), address {}",
@@ -141,11 +189,24 @@ fn what(f: &Failure) -> String {
         "oom_kill" => "killed by the OOM killer".into(),
         _ => {
             let sc = f.syscall.unwrap_or("?");
-            let err = format!("{} ({})", f.errno_name.unwrap_or("?"), signals::errno_text(f.errno.unwrap_or(0)));
+            let err = format!(
+                "{} ({})",
+                f.errno_name.unwrap_or("?"),
+                signals::errno_text(f.errno.unwrap_or(0))
+            );
             match (f.offset, f.bytes) {
-                (Some(o), Some(b)) => format!("{sc}() of {} at offset {} on {path}{deleted}: {err}", human_bytes(b), human_bytes(o)),
-                (None, Some(b)) => format!("{sc}() to {} on {path}{deleted}: {err}", human_bytes(b)),
-                (Some(o), None) => format!("{sc}() at offset {} on {path}{deleted}: {err}", human_bytes(o)),
+                (Some(o), Some(b)) => format!(
+                    "{sc}() of {} at offset {} on {path}{deleted}: {err}",
+                    human_bytes(b),
+                    human_bytes(o)
+                ),
+                (None, Some(b)) => {
+                    format!("{sc}() to {} on {path}{deleted}: {err}", human_bytes(b))
+                }
+                (Some(o), None) => format!(
+                    "{sc}() at offset {} on {path}{deleted}: {err}",
+                    human_bytes(o)
+                ),
                 (None, None) => format!("{sc}() on {path}{deleted}: {err}"),
             }
         }

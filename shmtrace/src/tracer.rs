@@ -1,7 +1,7 @@
 //! Loads the eBPF object embedded in this binary, attaches its programs, and
 //! reads their two ring buffers in kernel-time order.
 
-use std::{collections::BinaryHeap, cmp::Reverse};
+use std::{cmp::Reverse, collections::BinaryHeap};
 
 use anyhow::{Context, Result, anyhow};
 use aya::{
@@ -16,13 +16,62 @@ use crate::{btf::Btf, events, offsets, preflight};
 
 /// The hooks: (program, kind, category, name, required, what is lost without it).
 const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
-    ("sys_exit", Kind::Raw, "", "sys_exit", true, "ENOSPC/mmap failures of syscalls"),
-    ("signal_generate", Kind::Raw, "", "signal_generate", true, "SIGBUS from page faults"),
-    ("sched_process_fork", Kind::Raw, "", "sched_process_fork", true, "following new child processes"),
-    ("sched_process_exit", Kind::Tp, "sched", "sched_process_exit", true, "process exits"),
-    ("sched_process_exec", Kind::Tp, "sched", "sched_process_exec", false, "exec events (command lines)"),
-    ("signal_deliver", Kind::Tp, "signal", "signal_deliver", false, "whether a SIGBUS handler ran"),
-    ("oom_mark_victim", Kind::Tp, "oom", "mark_victim", false, "OOM kills of traced processes"),
+    (
+        "sys_exit",
+        Kind::Raw,
+        "",
+        "sys_exit",
+        true,
+        "ENOSPC/mmap failures of syscalls",
+    ),
+    (
+        "signal_generate",
+        Kind::Raw,
+        "",
+        "signal_generate",
+        true,
+        "SIGBUS from page faults",
+    ),
+    (
+        "sched_process_fork",
+        Kind::Raw,
+        "",
+        "sched_process_fork",
+        true,
+        "following new child processes",
+    ),
+    (
+        "sched_process_exit",
+        Kind::Tp,
+        "sched",
+        "sched_process_exit",
+        true,
+        "process exits",
+    ),
+    (
+        "sched_process_exec",
+        Kind::Tp,
+        "sched",
+        "sched_process_exec",
+        false,
+        "exec events (command lines)",
+    ),
+    (
+        "signal_deliver",
+        Kind::Tp,
+        "signal",
+        "signal_deliver",
+        false,
+        "whether a SIGBUS handler ran",
+    ),
+    (
+        "oom_mark_victim",
+        Kind::Tp,
+        "oom",
+        "mark_victim",
+        false,
+        "OOM kills of traced processes",
+    ),
 ];
 
 #[derive(Clone, Copy)]
@@ -40,7 +89,7 @@ pub struct Tracer {
     failures: AsyncFd<RingBuf<MapData>>,
     /// Events read but not yet old enough to be sure nothing earlier is
     /// still on its way (two rings, several CPUs).
-    pending: BinaryHeap<Reverse<(u64, u64, Box<[u8]>)>>,
+    pending: BinaryHeap<Reverse<Pending>>,
     seq: u64,
     /// Things the user should know (a hook the kernel refused, tracefs mounted...).
     pub notes: Vec<String>,
@@ -57,19 +106,28 @@ impl Tracer {
         let (tracefs, mounted) = preflight::ensure_tracefs()?;
         let mut notes = Vec::new();
         if mounted {
-            notes.push(format!("mounted tracefs at {} (it was not mounted)", tracefs.display()));
+            notes.push(format!(
+                "mounted tracefs at {} (it was not mounted)",
+                tracefs.display()
+            ));
         }
         let btf = Btf::from_sys()?;
         let (offs, off_notes) = offsets::kernel_offsets(&btf, &tracefs)?;
         notes.extend(off_notes);
         let nrs = offsets::syscall_nrs();
-        let config = Config { all_processes: all_processes as u32, _pad: 0 };
+        let config = Config {
+            all_processes: all_processes as u32,
+            _pad: 0,
+        };
 
         let mut ebpf = EbpfLoader::new()
             .override_global("OFFSETS", &offs, true)
             .override_global("NRS", &nrs, true)
             .override_global("CONFIG", &config, true)
-            .load(aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shmtrace")))
+            .load(aya::include_bytes_aligned!(concat!(
+                env!("OUT_DIR"),
+                "/shmtrace"
+            )))
             .context("cannot load shmtrace's eBPF object into the kernel")?;
 
         for &(prog, kind, category, name, required, loses) in HOOKS {
@@ -92,8 +150,12 @@ impl Tracer {
         let traced = HashMap::try_from(ebpf.take_map("TRACED").context("map TRACED")?)?;
         let shm_mapped = HashMap::try_from(ebpf.take_map("SHM_MAPPED").context("map SHM_MAPPED")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("map LOST")?)?;
-        let events = readable(RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS")?)?)?;
-        let failures = readable(RingBuf::try_from(ebpf.take_map("FAILURES").context("map FAILURES")?)?)?;
+        let events = readable(RingBuf::try_from(
+            ebpf.take_map("EVENTS").context("map EVENTS")?,
+        )?)?;
+        let failures = readable(RingBuf::try_from(
+            ebpf.take_map("FAILURES").context("map FAILURES")?,
+        )?)?;
         Ok(Self {
             _ebpf: ebpf,
             traced,
@@ -110,7 +172,9 @@ impl Tracer {
 
     /// Adds `pid` to the traced set with `traced::*` flags.
     pub fn trace(&mut self, pid: u32, flags: u32) -> Result<()> {
-        self.traced.insert(pid, flags, 0).map_err(|e| anyhow!("cannot trace pid {pid}: {e}"))
+        self.traced
+            .insert(pid, flags, 0)
+            .map_err(|e| anyhow!("cannot trace pid {pid}: {e}"))
     }
 
     pub fn untrace(&mut self, pid: u32) {
@@ -155,19 +219,21 @@ impl Tracer {
                 if let Some(ev) = events::decode(&item) {
                     *count += 1;
                     self.seq += 1;
-                    self.pending.push(Reverse((ev.ts_ns, self.seq, Box::from(&item[..]))));
+                    self.pending.push(Reverse(Pending {
+                        ts: ev.ts_ns,
+                        seq: self.seq,
+                        ev,
+                    }));
                 }
             }
         }
         let mut out = Vec::new();
-        while let Some(Reverse((ts, _, _))) = self.pending.peek() {
-            if !flush && *ts >= watermark {
+        while let Some(Reverse(p)) = self.pending.peek() {
+            if !flush && p.ts >= watermark {
                 break;
             }
-            let Reverse((_, _, bytes)) = self.pending.pop().expect("peeked");
-            if let Some(ev) = events::decode(&bytes) {
-                out.push(ev);
-            }
+            let Reverse(p) = self.pending.pop().expect("peeked");
+            out.push(p.ev);
         }
         out
     }
@@ -181,6 +247,33 @@ fn readable(ring: RingBuf<MapData>) -> Result<AsyncFd<RingBuf<MapData>>> {
         .map_err(|e| anyhow!("cannot poll a ring buffer: {}", e.into_parts().1))
 }
 
+/// An event waiting its turn: ordered by kernel time, then arrival.
+struct Pending {
+    ts: u64,
+    seq: u64,
+    ev: Event,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.ts, self.seq) == (o.ts, o.seq)
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.ts, self.seq).cmp(&(o.ts, o.seq))
+    }
+}
+
 fn hook_name(kind: Kind, category: &str, name: &str) -> String {
     match kind {
         Kind::Raw => format!("raw_tp/{name}"),
@@ -189,10 +282,15 @@ fn hook_name(kind: Kind, category: &str, name: &str) -> String {
 }
 
 fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -> Result<()> {
-    let p = ebpf.program_mut(prog).with_context(|| format!("program {prog} is missing from the object"))?;
+    let p = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))?;
     let explain = |e: ProgramError| -> anyhow::Error {
         match e {
-            ProgramError::LoadError { io_error, verifier_log } => {
+            ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => {
                 let log = verifier_log.to_string();
                 let tail: Vec<&str> = log.lines().rev().take(12).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -218,6 +316,7 @@ fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -
 
 /// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
 pub fn monotonic_ns() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }

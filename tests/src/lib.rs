@@ -13,7 +13,10 @@ use std::{
 use serde_json::Value;
 
 pub fn root_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf()
 }
 
 /// The shmtrace binary under test: $SHMTRACE_BIN, else target/release.
@@ -22,12 +25,19 @@ pub fn shmtrace() -> PathBuf {
         return PathBuf::from(p);
     }
     let p = root_dir().join("target/release/shmtrace");
-    assert!(p.exists(), "{} is missing: run scripts/test.sh (it builds first)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/test.sh (it builds first)",
+        p.display()
+    );
     p
 }
 
 pub fn require_root() {
-    assert!(nix_is_root(), "these tests load eBPF programs: run them as root (scripts/test.sh under sudo)");
+    assert!(
+        nix_is_root(),
+        "these tests load eBPF programs: run them as root (scripts/test.sh under sudo)"
+    );
 }
 
 fn nix_is_root() -> bool {
@@ -162,7 +172,11 @@ pub fn run_traced(extra: &[&str], cmd: &[String]) -> Traced {
         .map(|l| serde_json::from_str(l).expect("each event line is JSON"))
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
-    Traced { output, report, events }
+    Traced {
+        output,
+        report,
+        events,
+    }
 }
 
 /// Tests that run shmtrace hold this lock shared; the test that checks no
@@ -172,8 +186,16 @@ pub struct BpfLock(#[allow(dead_code)] File);
 
 pub fn bpf_lock(exclusive: bool) -> BpfLock {
     let path = std::env::temp_dir().join("shmtrace-tests.lock");
-    let f = File::options().create(true).append(true).open(path).expect("lock file");
-    let op = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+    let f = File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("lock file");
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
     // SAFETY: flock on an fd we own.
     assert_eq!(unsafe { libc::flock(f.as_raw_fd(), op) }, 0, "flock");
     BpfLock(f)
@@ -190,5 +212,9 @@ pub fn truth(stdout: &str) -> Value {
 }
 
 pub fn pids(v: &Value) -> Vec<u64> {
-    v.as_array().expect("array").iter().map(|p| p.as_u64().expect("pid")).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|p| p.as_u64().expect("pid"))
+        .collect()
 }

@@ -18,7 +18,11 @@ fn wait_for_file(path: &std::path::Path) -> String {
         {
             return s.trim().to_string();
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "{} never appeared", path.display());
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -59,7 +63,9 @@ fn pid_catches_a_failure_in_a_child_forked_after_attach() {
     });
     let mut seen = String::new();
     loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("shmtrace never attached");
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("shmtrace never attached");
         seen.push_str(&line);
         seen.push('\n');
         if line.contains("tracing pid") {
@@ -78,7 +84,10 @@ fn pid_catches_a_failure_in_a_child_forked_after_attach() {
         if let Some(st) = tracer.try_wait().unwrap() {
             break st;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "shmtrace did not stop after the job exited");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "shmtrace did not stop after the job exited"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     while let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
@@ -86,13 +95,18 @@ fn pid_catches_a_failure_in_a_child_forked_after_attach() {
         seen.push('\n');
     }
     assert!(status.success(), "{seen}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let f = &r["first_failure"];
     assert_eq!(f["pid"].as_u64(), Some(child), "{seen}");
     assert_eq!(f["ppid"].as_u64(), Some(pid as u64));
     assert_eq!(f["kind"], "sigbus");
     assert_eq!(f["path"], "/dev/shm/late");
-    assert_eq!(f["offset"].as_u64(), Some(4 << 20), "the first page past 4 MiB");
+    assert_eq!(
+        f["offset"].as_u64(),
+        Some(4 << 20),
+        "the first page past 4 MiB"
+    );
     assert_eq!(r["target_pid"].as_u64(), Some(pid as u64));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -11,7 +11,10 @@ const SEG: u64 = 4 << 20;
 /// report against the workload's own record of the order.
 fn ordered(mode: &str) -> (Traced, Vec<u64>, Vec<u64>) {
     let order = workload("order");
-    let script = format!("exec {} {mode} /dev/shm {WORKERS} {FIRST} {SEG}", order.display());
+    let script = format!(
+        "exec {} {mode} /dev/shm {WORKERS} {FIRST} {SEG}",
+        order.display()
+    );
     let t = run_traced(&[], &private_shm("size=8m", &script));
     let truth = truth(&t.stdout());
     let order = pids(&truth["order"]);
@@ -22,12 +25,30 @@ fn ordered(mode: &str) -> (Traced, Vec<u64>, Vec<u64>) {
     assert_ne!(order[0], *pids.iter().min().unwrap());
 
     let failures = t.failures();
-    assert!(failures.len() >= WORKERS, "one failure per worker at least:\n{}", t.stderr());
+    assert!(
+        failures.len() >= WORKERS,
+        "one failure per worker at least:\n{}",
+        t.stderr()
+    );
     let first = t.first();
-    assert_eq!(first["pid"].as_u64(), Some(order[0]), "first failure:\n{}", t.stderr());
-    assert_eq!(first["path"].as_str(), Some(format!("/dev/shm/w{FIRST}").as_str()));
+    assert_eq!(
+        first["pid"].as_u64(),
+        Some(order[0]),
+        "first failure:\n{}",
+        t.stderr()
+    );
+    assert_eq!(
+        first["path"].as_str(),
+        Some(format!("/dev/shm/w{FIRST}").as_str())
+    );
     let ppid = first["ppid"].as_u64().unwrap();
-    assert!(t.report["processes"].as_array().unwrap().iter().any(|p| p["pid"].as_u64() == Some(ppid)));
+    assert!(
+        t.report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"].as_u64() == Some(ppid))
+    );
     // Later failures: in time order, each worker in the order it was released.
     let mut seen = Vec::new();
     let mut last_ts = 0;
@@ -40,7 +61,10 @@ fn ordered(mode: &str) -> (Traced, Vec<u64>, Vec<u64>) {
             seen.push(pid);
         }
     }
-    assert_eq!(seen, order, "failing workers in the order the workload released them");
+    assert_eq!(
+        seen, order,
+        "failing workers in the order the workload released them"
+    );
     // The mount at the moment of the first failure.
     assert_eq!(first["mount"]["mountpoint"].as_str(), Some("/dev/shm"));
     assert_eq!(first["mount"]["size_bytes"].as_u64(), Some(8 << 20));
@@ -63,8 +87,18 @@ fn sigbus_from_page_fault_names_the_first_worker() {
     assert_eq!(off % 4096, 0);
     assert!(f["fault_addr"].as_str().unwrap().starts_with("0x"));
     assert!(f["syscall"].is_null() && f["errno"].is_null());
-    let p = t.report["processes"].as_array().unwrap().iter().find(|p| p["pid"] == f["pid"]).unwrap().clone();
-    assert_eq!(p["exit_signal"].as_i64(), Some(7), "the worker died of SIGBUS");
+    let p = t.report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == f["pid"])
+        .unwrap()
+        .clone();
+    assert_eq!(
+        p["exit_signal"].as_i64(),
+        Some(7),
+        "the worker died of SIGBUS"
+    );
     assert!(t.stderr().contains("SIGBUS (BUS_ADRERR)"), "{}", t.stderr());
 }
 
@@ -104,9 +138,16 @@ fn enospc_from_pwrite() {
 #[test]
 fn enospc_from_openat_at_the_inode_limit() {
     let exe = workload("inodes");
-    let t = run_traced(&[], &private_shm("size=8m,nr_inodes=8", &format!("exec {}", exe.display())));
+    let t = run_traced(
+        &[],
+        &private_shm("size=8m,nr_inodes=8", &format!("exec {}", exe.display())),
+    );
     let truth = truth(&t.stdout());
-    assert_eq!(truth["errno"].as_i64(), Some(28), "the workload hit ENOSPC: {truth}");
+    assert_eq!(
+        truth["errno"].as_i64(),
+        Some(28),
+        "the workload hit ENOSPC: {truth}"
+    );
     let f = t.first();
     assert_eq!(f["kind"], "enospc");
     assert_eq!(f["syscall"], "openat");
@@ -118,7 +159,10 @@ fn enospc_from_openat_at_the_inode_limit() {
 #[test]
 fn mmap_error_on_a_tmpfs_fd() {
     let exe = workload("mmap_error");
-    let t = run_traced(&[], &private_shm("size=8m", &format!("exec {}", exe.display())));
+    let t = run_traced(
+        &[],
+        &private_shm("size=8m", &format!("exec {}", exe.display())),
+    );
     let truth = truth(&t.stdout());
     let f = t.first();
     assert_eq!(f["kind"], "mmap_error");
@@ -141,12 +185,21 @@ fn python_shared_memory_sigbus() {
          m.buf[:] = b'x' * (16 << 20)\n",
     )
     .unwrap();
-    let cmd = private_shm("size=4m", &format!("exec /usr/bin/python3 {}", script.display()));
+    let cmd = private_shm(
+        "size=4m",
+        &format!("exec /usr/bin/python3 {}", script.display()),
+    );
     let t = run_traced(&[], &cmd);
     let truth = truth(&t.stdout());
     let f = t.first();
     assert_eq!(f["kind"], "sigbus", "{}", t.stderr());
-    assert_eq!(f["path"].as_str().unwrap(), format!("/dev/shm/{}", truth["name"].as_str().unwrap().trim_start_matches('/')));
+    assert_eq!(
+        f["path"].as_str().unwrap(),
+        format!(
+            "/dev/shm/{}",
+            truth["name"].as_str().unwrap().trim_start_matches('/')
+        )
+    );
     // 4 MiB fit; the first page past them faulted.
     assert!(f["offset"].as_u64().unwrap() <= 4 << 20);
     // shmtrace exits as the command did: killed by SIGBUS.
@@ -155,11 +208,18 @@ fn python_shared_memory_sigbus() {
 
 #[test]
 fn a_clean_run_reports_no_failure_and_passes_the_exit_code() {
-    let t = run_traced(&[], &["sh".into(), "-c".into(), "echo hello; exit 3".into()]);
+    let t = run_traced(
+        &[],
+        &["sh".into(), "-c".into(), "echo hello; exit 3".into()],
+    );
     assert_eq!(t.output.status.code(), Some(3));
     assert_eq!(t.stdout().trim(), "hello");
     assert!(t.first().is_null());
     assert_eq!(t.failures().len(), 0);
-    assert!(t.stderr().contains("no shared-memory failure"), "{}", t.stderr());
+    assert!(
+        t.stderr().contains("no shared-memory failure"),
+        "{}",
+        t.stderr()
+    );
     assert_eq!(t.report["exit"]["code"].as_i64(), Some(3));
 }

@@ -26,12 +26,16 @@ fn not_root() {
     let o = sh("setpriv --reuid=65534 --regid=65534 --clear-groups SHMTRACE run -- true");
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("not running as root") && e.contains("sudo"), "{e}");
+    assert!(
+        e.contains("not running as root") && e.contains("sudo"),
+        "{e}"
+    );
 }
 
 #[test]
 fn root_without_the_capabilities() {
-    let o = sh("setpriv --inh-caps=-all --bounding-set=-bpf,-perfmon,-sys_admin SHMTRACE run -- true");
+    let o =
+        sh("setpriv --inh-caps=-all --bounding-set=-bpf,-perfmon,-sys_admin SHMTRACE run -- true");
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("CAP_BPF") && e.contains("CAP_PERFMON"), "{e}");
@@ -40,7 +44,9 @@ fn root_without_the_capabilities() {
 
 #[test]
 fn no_btf() {
-    let o = sh("unshare -m --propagation private sh -c 'mount -t tmpfs none /sys/kernel/btf && SHMTRACE run -- true'");
+    let o = sh(
+        "unshare -m --propagation private sh -c 'mount -t tmpfs none /sys/kernel/btf && SHMTRACE run -- true'",
+    );
     assert!(!o.status.success());
     assert!(stderr(&o).contains("BTF"), "{}", stderr(&o));
 }
@@ -65,41 +71,74 @@ fn tracefs_that_cannot_be_mounted_says_how() {
                 mount -o remount,ro /sys/kernel; SHMTRACE run -- true'");
     assert!(!o.status.success());
     let e = stderr(&o);
-    assert!(e.contains("tracefs") && e.contains("mount -t tracefs nodev /sys/kernel/tracing"), "{e}");
+    assert!(
+        e.contains("tracefs") && e.contains("mount -t tracefs nodev /sys/kernel/tracing"),
+        "{e}"
+    );
 }
 
 #[test]
 fn unknown_pid() {
     let o = sh("SHMTRACE --pid 4194000");
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("no process with pid 4194000"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no process with pid 4194000"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn command_not_found() {
     let o = sh("SHMTRACE run -- /nonexistent/train.py");
     assert_eq!(o.status.code(), Some(127));
-    assert!(stderr(&o).contains("cannot run `/nonexistent/train.py`: command not found"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot run `/nonexistent/train.py`: command not found"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn nothing_to_trace_explains_the_modes() {
     let o = sh("SHMTRACE");
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--pid") && stderr(&o).contains("demo"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--pid") && stderr(&o).contains("demo"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// Names of loaded BPF programs (bpftool truncates them to 15 bytes).
 fn loaded_programs() -> Vec<String> {
-    let out = Command::new("bpftool").args(["-j", "prog", "show"]).output().expect("bpftool");
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("bpftool");
     let v: Value = serde_json::from_slice(&out.stdout).expect("bpftool json");
-    v.as_array().unwrap().iter().filter_map(|p| p["name"].as_str().map(String::from)).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(String::from))
+        .collect()
 }
 
-const OURS: &[&str] = &["sys_exit", "signal_generate", "sched_process_fo", "sched_process_ex", "signal_deliver", "oom_mark_victim"];
+const OURS: &[&str] = &[
+    "sys_exit",
+    "signal_generate",
+    "sched_process_fo",
+    "sched_process_ex",
+    "signal_deliver",
+    "oom_mark_victim",
+];
 
 fn ours(names: &[String]) -> Vec<String> {
-    names.iter().filter(|n| OURS.iter().any(|o| n.starts_with(o))).cloned().collect()
+    names
+        .iter()
+        .filter(|n| OURS.iter().any(|o| n.starts_with(o)))
+        .cloned()
+        .collect()
 }
 
 /// The kernel frees programs asynchronously (RCU, a workqueue) once the last
@@ -130,8 +169,16 @@ fn nothing_stays_attached_after_exit_or_ctrl_c() {
         .unwrap();
     assert!(st.success());
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&during).unwrap()).unwrap();
-    let names: Vec<String> = v.as_array().unwrap().iter().filter_map(|p| p["name"].as_str().map(String::from)).collect();
-    assert!(ours(&names).len() >= 6, "programs loaded while tracing: {names:?}");
+    let names: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(String::from))
+        .collect();
+    assert!(
+        ours(&names).len() >= 6,
+        "programs loaded while tracing: {names:?}"
+    );
     // ...and after it ends, none are.
     none_of_ours_left().expect("left loaded after the run");
 
@@ -164,7 +211,10 @@ fn nothing_stays_attached_after_exit_or_ctrl_c() {
 #[test]
 fn hostile_names_are_escaped_everywhere() {
     let exe = workload("hostile");
-    let t = run_traced(&[], &private_shm("size=4m", &format!("exec {}", exe.display())));
+    let t = run_traced(
+        &[],
+        &private_shm("size=4m", &format!("exec {}", exe.display())),
+    );
     let f = t.first();
     assert_eq!(f["kind"], "sigbus", "{}", t.stderr());
     let path = f["path"].as_str().unwrap();
@@ -173,8 +223,15 @@ fn hostile_names_are_escaped_everywhere() {
     // The summary carries no raw control bytes from the process.
     let raw = &t.output.stderr;
     assert!(!raw.contains(&0x1b), "escape byte reached the terminal");
-    assert!(!raw.windows(4).any(|w| w == b"bad\n"), "newline in a name reached the terminal");
-    assert!(t.stderr().contains("bad\\x0a\\x1b[31mname"), "{}", t.stderr());
+    assert!(
+        !raw.windows(4).any(|w| w == b"bad\n"),
+        "newline in a name reached the terminal"
+    );
+    assert!(
+        t.stderr().contains("bad\\x0a\\x1b[31mname"),
+        "{}",
+        t.stderr()
+    );
     // Every --events line is valid JSON with the escaped forms.
     assert!(t.events.iter().any(|e| e["comm"] == "ev\\x0a\\x1b[2Jil"));
 }

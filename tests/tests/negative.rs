@@ -10,8 +10,24 @@ fn on_small_ext4(script: &str) -> (Vec<String>, std::path::PathBuf) {
     let img = dir.join("fs.img");
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    assert!(Command::new("truncate").arg("-s").arg("8M").arg(&img).status().unwrap().success());
-    assert!(Command::new("mkfs.ext4").arg("-q").arg("-F").arg(&img).status().unwrap().success());
+    assert!(
+        Command::new("truncate")
+            .arg("-s")
+            .arg("8M")
+            .arg(&img)
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        Command::new("mkfs.ext4")
+            .arg("-q")
+            .arg("-F")
+            .arg(&img)
+            .status()
+            .unwrap()
+            .success()
+    );
     let cmd = vec![
         "unshare".into(),
         "-m".into(),
@@ -19,7 +35,12 @@ fn on_small_ext4(script: &str) -> (Vec<String>, std::path::PathBuf) {
         "private".into(),
         "sh".into(),
         "-c".into(),
-        format!("mount -o loop {} {} && {}", img.display(), mnt.display(), script.replace("MNT", &mnt.display().to_string())),
+        format!(
+            "mount -o loop {} {} && {}",
+            img.display(),
+            mnt.display(),
+            script.replace("MNT", &mnt.display().to_string())
+        ),
     ];
     (cmd, dir)
 }
@@ -32,7 +53,11 @@ fn enospc_on_a_non_tmpfs_filesystem_is_not_a_shm_failure() {
         let t = run_traced(&[], &cmd);
         let _ = std::fs::remove_dir_all(dir);
         // The workload really did run out of space...
-        assert!(t.stderr().contains("No space left on device"), "{mode}: {}", t.stderr());
+        assert!(
+            t.stderr().contains("No space left on device"),
+            "{mode}: {}",
+            t.stderr()
+        );
         // ...but not on tmpfs.
         assert_eq!(t.failures().len(), 0, "{mode}: {}", t.report["failures"]);
         assert!(t.first().is_null());
@@ -50,7 +75,11 @@ fn sigbus_from_a_truncated_non_tmpfs_mapping_is_not_a_shm_failure() {
     assert_eq!(t.failures().len(), 0, "{}", t.report["failures"]);
     let others = t.report["other_sigbus"].as_array().unwrap();
     assert!(
-        others.iter().any(|o| o["pid"].as_u64() == Some(pid) && o["reason"].as_str().unwrap().contains("not in a tmpfs mapping")),
+        others.iter().any(|o| o["pid"].as_u64() == Some(pid)
+            && o["reason"]
+                .as_str()
+                .unwrap()
+                .contains("not in a tmpfs mapping")),
         "{others:?}"
     );
 }
@@ -58,13 +87,17 @@ fn sigbus_from_a_truncated_non_tmpfs_mapping_is_not_a_shm_failure() {
 #[test]
 fn sigbus_past_the_end_of_a_tmpfs_file_is_not_a_full_tmpfs() {
     let exe = workload("truncate_sigbus");
-    let t = run_traced(&[], &private_shm("size=8m", &format!("exec {} /dev/shm", exe.display())));
+    let t = run_traced(
+        &[],
+        &private_shm("size=8m", &format!("exec {} /dev/shm", exe.display())),
+    );
     let pid = truth(&t.stdout())["pid"].as_u64().unwrap();
     assert_eq!(t.output.status.code(), Some(128 + 7));
     assert_eq!(t.failures().len(), 0, "{}", t.report["failures"]);
     let others = t.report["other_sigbus"].as_array().unwrap();
     assert!(
-        others.iter().any(|o| o["pid"].as_u64() == Some(pid) && o["reason"].as_str().unwrap().contains("beyond the end")),
+        others.iter().any(|o| o["pid"].as_u64() == Some(pid)
+            && o["reason"].as_str().unwrap().contains("beyond the end")),
         "{others:?}"
     );
 }

@@ -1,1 +1,79 @@
-fn main(){}
+//! Project chores that need more than one cargo command.
+//!
+//!   cargo xtask lint    rustfmt check, clippy on user space, clippy on the
+//!                       eBPF programs for their own target
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// rustfmt --check and clippy (-D warnings) everywhere, eBPF included.
+    Lint,
+}
+
+fn cargo(args: &[&str], dir: Option<&str>, bootstrap: bool) -> Result<()> {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(args);
+    if let Some(d) = dir {
+        c.current_dir(d);
+    }
+    if bootstrap {
+        // The eBPF target builds core from source (-Z build-std) on stable.
+        c.env("RUSTC_BOOTSTRAP", "1");
+    }
+    let st = c.status()?;
+    if !st.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    match Cli::parse().cmd {
+        Cmd::Lint => {
+            cargo(&["fmt", "--all", "--check"], Some(root), false)?;
+            cargo(
+                &[
+                    "clippy",
+                    "--release",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                Some(root),
+                false,
+            )?;
+            let ebpf = format!("{root}/shmtrace-ebpf");
+            cargo(
+                &[
+                    "clippy",
+                    "--release",
+                    "--target",
+                    "bpfel-unknown-none",
+                    "-Z",
+                    "build-std=core",
+                    "--bins",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                Some(&ebpf),
+                true,
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what it needs
+# (idempotent, quick when present), builds, then runs every test. The
+# integration tests load shmtrace's real eBPF programs: run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ $(id -u) -ne 0 ]]; then
+    echo "test.sh: the tests load eBPF programs and mount tmpfs: run as root (sudo $0)" >&2
+    exit 1
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+scripts/setup.sh --test
+cargo build --release --locked -p shmtrace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --release --locked --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "shmtrace suite: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
