@@ -99,7 +99,8 @@ impl EventKind {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FileInfo {
-    /// 1 when this record is filled (the fd was a tmpfs file).
+    /// 1 when this record is filled (the fd was a tmpfs file). 0 with a
+    /// non-zero `dev`: only the mount fields are (SIGBUS events).
     pub valid: u32,
     /// Kernel-encoded device (major << 20 | minor) of the tmpfs superblock.
     pub dev: u32,

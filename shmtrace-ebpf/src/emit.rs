@@ -18,9 +18,11 @@ use crate::kernel;
 #[map]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 
-/// tgids that have (or inherited) a tmpfs mapping: only their munmaps matter.
+/// tgids that have (or inherited) a tmpfs mapping -> the superblock of the
+/// last one (0 when unknown). Only their munmaps matter, and a SIGBUS is
+/// sent with that tmpfs's usage at the fault.
 #[map]
-pub static SHM_MAPPED: HashMap<u32, u8> = HashMap::with_max_entries(65536, 0);
+pub static SHM_MAPPED: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

@@ -174,19 +174,25 @@ pub fn tmpfs_inode(file: u64) -> u64 {
     }
 }
 
+/// Fills the mount part of `info` (device, size, use) from superblock `sb`.
+#[inline(always)]
+pub fn fill_fs_info(info: &mut FileInfo, sb: u64) {
+    info.dev = read::<u32>(sb, off!(sb_dev)).unwrap_or(0);
+    let sbinfo = read_ptr(sb, off!(sb_fs_info));
+    info.fs_max_pages = read::<u64>(sbinfo, off!(sbinfo_max_blocks)).unwrap_or(0);
+    info.fs_used_pages = read::<i64>(sbinfo, off!(sbinfo_used_blocks)).unwrap_or(0);
+}
+
 /// Fills `info` from a tmpfs `file` and its `inode`.
 #[inline(always)]
 pub fn fill_file_info(info: &mut FileInfo, file: u64, inode: u64) {
     let sb = read_ptr(inode, off!(inode_sb));
     info.valid = 1;
-    info.dev = read::<u32>(sb, off!(sb_dev)).unwrap_or(0);
+    fill_fs_info(info, sb);
     info.ino = read::<u64>(inode, off!(inode_ino)).unwrap_or(0);
     info.size = read::<i64>(inode, off!(inode_size)).unwrap_or(0);
     info.blocks = read::<u64>(inode, off!(inode_blocks)).unwrap_or(0);
     info.nlink = read::<u32>(inode, off!(inode_nlink)).unwrap_or(0);
-    let sbinfo = read_ptr(sb, off!(sb_fs_info));
-    info.fs_max_pages = read::<u64>(sbinfo, off!(sbinfo_max_blocks)).unwrap_or(0);
-    info.fs_used_pages = read::<i64>(sbinfo, off!(sbinfo_used_blocks)).unwrap_or(0);
 
     let dentry = read_ptr(file, off!(file_dentry));
     let parent = read_ptr(dentry, off!(dentry_parent));

@@ -38,8 +38,8 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> u32 {
             emit::count_lost(lost::TRACED_FULL);
         }
     }
-    if unsafe { SHM_MAPPED.get(ptgid) }.is_some() {
-        let _ = SHM_MAPPED.insert(pid, 1, 0);
+    if let Some(sb) = unsafe { SHM_MAPPED.get(ptgid) }.copied() {
+        let _ = SHM_MAPPED.insert(pid, sb, 0);
     }
     if (flags & traced::REPORT != 0 || all)
         && let Some(mut e) = emit::start(Ring::Events, EventKind::Fork)
@@ -121,6 +121,11 @@ pub fn signal_generate(ctx: RawTracePointContext) -> u32 {
         ev.ret = kernel::read::<i32>(info, 4).unwrap_or(0) as i64;
         ev.args[1] = kernel::read::<i32>(info, 8).unwrap_or(0) as i64 as u64;
         ev.args[2] = kernel::read::<u64>(info, 16).unwrap_or(0);
+    }
+    // How full the tmpfs it last mapped is, now, at the fault: user space
+    // keeps it when the fault address turns out to be on that tmpfs.
+    if let Some(&sb) = unsafe { SHM_MAPPED.get(tgid) } {
+        kernel::fill_fs_info(&mut ev.file, sb);
     }
     ev.args[0] = sig;
     ev.args[3] = tgid as u64;
@@ -274,7 +279,7 @@ fn on_mmap(regs: u64, addr: i64) {
     if inode == 0 {
         return;
     }
-    let _ = SHM_MAPPED.insert(tgid, 1, 0);
+    let _ = SHM_MAPPED.insert(tgid, kernel::read_ptr(inode, off!(inode_sb)), 0);
     let Some(mut e) = emit::start(Ring::Events, EventKind::Map) else {
         return;
     };

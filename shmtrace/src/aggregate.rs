@@ -35,8 +35,8 @@ pub struct MountAtFailure {
     pub free_bytes: Option<u64>,
     pub inodes: Option<u64>,
     pub inodes_used: Option<u64>,
-    /// "statfs" (exact, read right after the event) or "kernel" (the
-    /// superblock's counters at the event, approximate).
+    /// "kernel": the superblock's counters, read in the kernel at the event;
+    /// "statfs": measured by user space right after it; "none": unknown.
     pub source: &'static str,
 }
 
@@ -331,7 +331,7 @@ impl Aggregator {
             ));
             return;
         }
-        let mount = self.mount_state(m.dev, ev.mnt_ns, target, None);
+        let mount = self.mount_state(m.dev, ev.mnt_ns, target, Some(ev));
         let cause = if code == BUS_ADRERR {
             match mount.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
                 Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
@@ -587,15 +587,11 @@ impl Aggregator {
         m.is_tmpfs().then(|| (escape::str(&abs), m.dev))
     }
 
-    /// Size and use of mount `dev` now, measured through a live process in
-    /// namespace `ns` (exact), else from the kernel's counters in `ev`.
-    fn mount_state(
-        &mut self,
-        dev: u32,
-        ns: u32,
-        pid: u32,
-        ev: Option<&Event>,
-    ) -> Option<MountAtFailure> {
+    /// Size and use of mount `dev` at the event: the kernel's superblock
+    /// counters read by the eBPF program at that instant when the event
+    /// carries them, else statfs right now (exact, but later: a process that
+    /// died since may have freed its pages). Inode counts come from statfs.
+    fn mount_state(&mut self, dev: u32, ns: u32, pid: u32, ev: Option<&Event>) -> Option<MountAtFailure> {
         self.ensure_mount(dev, ns, pid);
         let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
         let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
@@ -608,7 +604,7 @@ impl Aggregator {
             free_bytes: None,
             inodes: None,
             inodes_used: None,
-            source: "kernel",
+            source: "none",
         };
         if let Some(mp) = &mountpoint
             && let Some(u) = self.statfs_via(dev, ns, pid, mp)
@@ -619,17 +615,18 @@ impl Aggregator {
             out.inodes = Some(u.inodes);
             out.inodes_used = Some(u.inodes_used);
             out.source = "statfs";
-            return Some(out);
         }
-        let ev = ev?;
-        if ev.file.valid == 0 || ev.file.fs_max_pages == 0 {
-            return Some(out);
+        if let Some(ev) = ev
+            && ev.file.dev == dev
+            && ev.file.fs_max_pages > 0
+        {
+            let size = ev.file.fs_max_pages * PAGE;
+            let used = (ev.file.fs_used_pages.max(0) as u64 * PAGE).min(size);
+            out.size_bytes = Some(size);
+            out.used_bytes = Some(used);
+            out.free_bytes = Some(size - used);
+            out.source = "kernel";
         }
-        let size = ev.file.fs_max_pages * PAGE;
-        let used = ev.file.fs_used_pages.max(0) as u64 * PAGE;
-        out.size_bytes = Some(size);
-        out.used_bytes = Some(used);
-        out.free_bytes = Some(size.saturating_sub(used));
         Some(out)
     }
 

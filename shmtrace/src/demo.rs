@@ -4,7 +4,8 @@
 //! mmap, unlink, fill the pages, pass the fd over a unix socket), and the
 //! trainer keeps every batch alive. In a 64 MiB /dev/shm a worker soon faults
 //! on a page tmpfs cannot allocate and dies of SIGBUS; the trainer then names
-//! a dead worker the way PyTorch does: the lowest pid, not the first to fail.
+//! a dead worker the way PyTorch does: the lowest pid, not the first to fail
+//! (worker 0 starts late, so it is never the first).
 
 use std::{
     io::IoSliceMut,
@@ -133,9 +134,13 @@ fn worker(idx: u32, w: Workload, sock: OwnedFd) -> ! {
     set_comm(&format!("demo_worker_{idx}"));
     let pid = std::process::id();
     let size = w.batch_bytes as usize;
-    // Later workers run faster: the one that fails first is usually not the
-    // lowest pid, which is the one the trainer will blame.
-    let pause = Duration::from_millis(4 * (w.workers - 1 - idx) as u64 + 1);
+    // Worker 0 starts late, so the others fill /dev/shm and one of them
+    // fails first; worker 0 fails soon after. The trainer, checking in pid
+    // order as PyTorch does, will blame worker 0: the wrong one.
+    if idx == 0 {
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let pause = Duration::from_millis(1 + idx as u64);
     for batch in 0u32.. {
         let name = format!("/dev/shm/shmtrace_demo_{pid}_{batch}");
         let fd = match create_segment(&name, size) {

@@ -83,7 +83,7 @@ enum Kind {
 pub struct Tracer {
     _ebpf: Ebpf,
     traced: HashMap<MapData, u32, u32>,
-    shm_mapped: HashMap<MapData, u32, u8>,
+    shm_mapped: HashMap<MapData, u32, u64>,
     lost: PerCpuArray<MapData, u64>,
     events: AsyncFd<RingBuf<MapData>>,
     failures: AsyncFd<RingBuf<MapData>>,
@@ -183,7 +183,8 @@ impl Tracer {
 
     /// Marks a process that already has tmpfs mappings (found in /proc).
     pub fn mark_shm_mapped(&mut self, pid: u32) {
-        let _ = self.shm_mapped.insert(pid, 1, 0);
+        // Superblock unknown (0): unmaps are followed, usage at a fault is not.
+        let _ = self.shm_mapped.insert(pid, 0, 0);
     }
 
     /// Losses by stage, summed over CPUs: [events ring, failures ring, traced map full].
