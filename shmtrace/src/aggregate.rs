@@ -591,7 +591,13 @@ impl Aggregator {
     /// counters read by the eBPF program at that instant when the event
     /// carries them, else statfs right now (exact, but later: a process that
     /// died since may have freed its pages). Inode counts come from statfs.
-    fn mount_state(&mut self, dev: u32, ns: u32, pid: u32, ev: Option<&Event>) -> Option<MountAtFailure> {
+    fn mount_state(
+        &mut self,
+        dev: u32,
+        ns: u32,
+        pid: u32,
+        ev: Option<&Event>,
+    ) -> Option<MountAtFailure> {
         self.ensure_mount(dev, ns, pid);
         let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
         let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);

@@ -58,7 +58,11 @@ pub fn render(r: &Report) -> String {
             .unwrap_or_else(|| "(internal shmem)".into());
         match (m.size_bytes, m.used_bytes) {
             (Some(size), Some(used)) if size > 0 => {
-                let when = if m.source == "kernel" { "at that moment" } else { "just after" };
+                let when = if m.source == "kernel" {
+                    "at that moment"
+                } else {
+                    "just after"
+                };
                 let _ = writeln!(
                     s,
                     "  mount          {mp} (tmpfs {}, mount ns {}): {} of {} used ({:.0}%), {} free {when}",
