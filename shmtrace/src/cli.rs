@@ -63,6 +63,12 @@ pub struct OutputArgs {
     /// Do not print the summary on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
+
+    /// Size of the ring buffer for ordinary events (fork, exec, mmap...):
+    /// a power of two, at least one page. Failures have a ring of their
+    /// own, so a full one loses context, never a failure (losses are counted).
+    #[arg(long, value_name = "SIZE", global = true, default_value = "4M", value_parser = parse_ring)]
+    pub events_ring: u32,
 }
 
 impl OutputArgs {
@@ -71,6 +77,7 @@ impl OutputArgs {
             report: self.report.clone(),
             events: self.events.clone(),
             quiet: self.quiet,
+            events_ring: Some(self.events_ring),
         }
     }
 }
@@ -163,6 +170,15 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
     }
 }
 
+/// A ring buffer size: a power of two number of bytes, at least a page.
+fn parse_ring(s: &str) -> Result<u32> {
+    let b = parse_size(s)?;
+    if !b.is_power_of_two() || b > 1 << 30 {
+        bail!("ring size `{s}` must be a power of two between 4k and 1G");
+    }
+    Ok(b as u32)
+}
+
 /// "64M", "1G", "65536k", "512MiB", "1048576" -> bytes.
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -203,6 +219,8 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("10").is_err());
         assert!(parse_size("3Q").is_err());
+        assert_eq!(parse_ring("4k").unwrap(), 4096);
+        assert!(parse_ring("12k").is_err());
     }
 
     #[test]

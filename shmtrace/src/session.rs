@@ -24,6 +24,8 @@ pub struct Outputs {
     pub report: Option<PathBuf>,
     pub events: Option<PathBuf>,
     pub quiet: bool,
+    /// Bytes of the ordinary events ring buffer (None: the built-in 4 MiB).
+    pub events_ring: Option<u32>,
 }
 
 pub struct Session {
@@ -47,7 +49,7 @@ impl Session {
             File::create(p)
                 .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
-        let tracer = Tracer::start(all_processes)?;
+        let tracer = Tracer::start(all_processes, outputs.events_ring)?;
         let start_ns = tracer::monotonic_ns();
         for n in &tracer.notes {
             eprintln!("shmtrace: note: {n}");

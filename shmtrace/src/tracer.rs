@@ -100,7 +100,7 @@ pub struct Tracer {
 impl Tracer {
     /// Everything from privilege checks to attached programs. Must be called
     /// inside a tokio runtime.
-    pub fn start(all_processes: bool) -> Result<Self> {
+    pub fn start(all_processes: bool, events_ring: Option<u32>) -> Result<Self> {
         preflight::check_privileges()?;
         preflight::check_btf()?;
         let (tracefs, mounted) = preflight::ensure_tracefs()?;
@@ -120,7 +120,11 @@ impl Tracer {
             _pad: 0,
         };
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        if let Some(bytes) = events_ring {
+            loader.map_max_entries("EVENTS", bytes);
+        }
+        let mut ebpf = loader
             .override_global("OFFSETS", &offs, true)
             .override_global("NRS", &nrs, true)
             .override_global("CONFIG", &config, true)

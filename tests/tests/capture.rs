@@ -223,3 +223,68 @@ fn a_clean_run_reports_no_failure_and_passes_the_exit_code() {
     );
     assert_eq!(t.report["exit"]["code"].as_i64(), Some(3));
 }
+
+#[test]
+fn a_flood_of_ordinary_events_loses_context_but_never_the_failure() {
+    let exe = workload("flood");
+    // One page of ring for ordinary events: the flood cannot fit.
+    let t = run_traced(
+        &["--events-ring", "4k"],
+        &private_shm("size=8m", &format!("exec {} 20000", exe.display())),
+    );
+    let pid = truth(&t.stdout())["pid"].as_u64().unwrap();
+    let lost = t.report["lost"]["events_ring"].as_u64().unwrap();
+    assert!(
+        lost > 0,
+        "the flood overflowed the small ring: {}",
+        t.report["lost"]
+    );
+    assert_eq!(t.report["lost"]["failures_ring"].as_u64(), Some(0));
+    assert_eq!(t.report["lost_events"].as_u64(), Some(lost));
+    let f = t.first();
+    assert_eq!(f["pid"].as_u64(), Some(pid));
+    assert_eq!(f["syscall"], "fallocate");
+    assert_eq!(f["kind"], "enospc");
+    assert!(
+        t.stderr().contains("LOST EVENTS"),
+        "losses are shown: {}",
+        t.stderr()
+    );
+}
+
+#[test]
+fn under_sudo_the_command_runs_as_the_invoking_user() {
+    // What sudo leaves in the environment.
+    let dir = scratch("sudo");
+    let out = dir.join("id");
+    let cmd = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("id -u > {}; id -g >> {}", out.display(), out.display()),
+    ];
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let _lock = bpf_lock(false);
+    let st = std::process::Command::new(shmtrace())
+        .args(["run", "--quiet", "--"])
+        .args(&cmd)
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let ids = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(ids.lines().next(), Some("65534"), "{ids}");
+    // --user root keeps root.
+    let st = std::process::Command::new(shmtrace())
+        .args(["run", "--quiet", "--user", "root", "--"])
+        .args(&cmd)
+        .env("SUDO_UID", "65534")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().lines().next(),
+        Some("0")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
