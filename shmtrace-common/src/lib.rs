@@ -69,7 +69,8 @@ pub enum EventKind {
     /// A traced process moved or resized a mapping. `ret` = new address,
     /// args: [0] old address, [1] old length, [2] new length.
     Remap = 9,
-    /// The OOM killer chose a traced process. `args[0]` = victim pid.
+    /// The OOM killer chose a traced process. `args[0]` = victim pid,
+    /// `args[1]` = its shmem RSS in kB (when the kernel reports it).
     OomVictim = 10,
     /// A traced process resized a tmpfs file with ftruncate. `args[1]` = new
     /// size, `file` = the file after it.
@@ -201,7 +202,8 @@ pub struct KernelOffsets {
     pub tp_deliver_code: u32,
     pub tp_deliver_handler: u32,
     pub tp_victim_pid: u32,
-    pub _pad: u32,
+    /// oom:mark_victim shmem_rss (kB), on kernels that have it.
+    pub tp_victim_shmem_rss: u32,
 }
 
 impl KernelOffsets {

@@ -46,7 +46,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_deliver_code: M,
     tp_deliver_handler: M,
     tp_victim_pid: M,
-    _pad: 0,
+    tp_victim_shmem_rss: M,
 };
 
 #[unsafe(no_mangle)]

@@ -163,7 +163,10 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
         return 0;
     }
     if let Some(mut e) = emit::start(Ring::Failures, EventKind::OomVictim) {
-        emit::body(&mut e).args[0] = pid as u64;
+        let ev = emit::body(&mut e);
+        ev.args[0] = pid as u64;
+        ev.args[1] =
+            kernel::read::<u64>(ctx.as_ptr() as u64, off!(tp_victim_shmem_rss)).unwrap_or(0);
         e.submit(0);
     }
     0

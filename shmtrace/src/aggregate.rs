@@ -471,11 +471,18 @@ impl Aggregator {
 
     fn on_oom(&mut self, ev: &Event) {
         let victim = ev.args[0] as u32;
+        let shmem = ev.args[1] * 1024;
+        let held = if shmem > 0 {
+            format!(" holding {} of shared memory", human_bytes(shmem))
+        } else {
+            String::new()
+        };
         let f = Failure {
             kind: "oom_kill",
-            cause:
-                "the OOM killer chose this process (tmpfs pages are charged to its memory cgroup)"
-                    .into(),
+            bytes: (shmem > 0).then_some(shmem),
+            cause: format!(
+                "the OOM killer chose this process{held} (shared memory pages count against its memory cgroup)"
+            ),
             ..self.base_failure(ev, victim, victim)
         };
         self.record(f);

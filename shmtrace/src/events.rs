@@ -149,6 +149,7 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         }
         Some(EventKind::OomVictim) => {
             o.insert("victim_pid".into(), json!(a[0]));
+            o.insert("shmem_rss_bytes".into(), json!(a[1] * 1024));
         }
         Some(EventKind::Truncate) => {
             o.insert("fd".into(), json!(a[0]));

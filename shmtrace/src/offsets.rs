@@ -72,7 +72,7 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         tp_deliver_code: MISSING,
         tp_deliver_handler: MISSING,
         tp_victim_pid: MISSING,
-        _pad: 0,
+        tp_victim_shmem_rss: MISSING,
     };
     if !missing_required.is_empty() {
         bail!(
@@ -94,6 +94,7 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
     o.tp_deliver_handler = deliver.offset("sa_handler").unwrap_or(MISSING);
     let victim = TpFormat::read(tracefs, "oom", "mark_victim")?;
     o.tp_victim_pid = victim.offset("pid").context("oom:mark_victim has no pid")?;
+    o.tp_victim_shmem_rss = victim.offset("shmem_rss").unwrap_or(MISSING);
     Ok((o, notes))
 }
 

@@ -288,3 +288,30 @@ fn under_sudo_the_command_runs_as_the_invoking_user() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn oom_kill_of_a_traced_process_holding_shmem() {
+    let exe = workload("oom_shm");
+    let cg = format!(
+        "/sys/fs/cgroup/memory/shmtrace-test-oom-{}",
+        std::process::id()
+    );
+    std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{cg}/memory.limit_in_bytes"), "32M").unwrap();
+    let t = run_traced(
+        &[],
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!("echo $$ > {cg}/cgroup.procs && exec {}", exe.display()),
+        ],
+    );
+    let _ = std::fs::remove_dir(&cg);
+    let pid = truth(&t.stdout())["pid"].as_u64().unwrap();
+    let f = t.first();
+    assert_eq!(f["kind"], "oom_kill", "{}", t.stderr());
+    assert_eq!(f["pid"].as_u64(), Some(pid));
+    // Most of the 32 MiB the cgroup allowed was the memfd's shmem.
+    assert!(f["bytes"].as_u64().unwrap() > 16 << 20, "{f}");
+    assert_eq!(t.output.status.code(), Some(128 + 9));
+}
