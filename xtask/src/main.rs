@@ -2,6 +2,9 @@
 //!
 //!   cargo xtask lint    rustfmt check, clippy on user space, clippy on the
 //!                       eBPF programs for their own target
+//!   cargo xtask bench   overhead on three workloads, as ratios (as root)
+
+mod bench;
 
 use std::process::Command;
 
@@ -19,6 +22,12 @@ struct Cli {
 enum Cmd {
     /// rustfmt --check and clippy (-D warnings) everywhere, eBPF included.
     Lint,
+    /// Measure what shmtrace costs the processes it watches (and the rest).
+    Bench {
+        /// Interleaved rounds per condition.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
 }
 
 fn cargo(args: &[&str], dir: Option<&str>, bootstrap: bool) -> Result<()> {
@@ -41,6 +50,7 @@ fn cargo(args: &[&str], dir: Option<&str>, bootstrap: bool) -> Result<()> {
 fn main() -> Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     match Cli::parse().cmd {
+        Cmd::Bench { rounds } => bench::run(std::path::Path::new(root), rounds)?,
         Cmd::Lint => {
             cargo(&["fmt", "--all", "--check"], Some(root), false)?;
             cargo(
