@@ -5,8 +5,8 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes},
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
+    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
 use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, EventKind, SIGBUS, lost, traced};
 
@@ -172,16 +172,16 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// raw_syscalls sys_exit(regs, ret): one hook for every syscall we watch,
-/// so a process pays one cheap test per syscall whatever it calls.
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
-    let regs: u64 = ctx.arg(0);
+/// raw_syscalls sys_exit(regs, ret), BTF-typed: one hook for every syscall
+/// we watch, so a process pays one cheap test per syscall whatever it calls.
+/// Typed `regs` are read with plain loads, no helper call on this hot path.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
+    let regs: *const u8 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
-    let Some(nr) = kernel::read::<u64>(regs, off!(regs_nr)) else {
-        return 0;
-    };
-    let nr = nr as u32;
+    // SAFETY: the verifier checks this load against struct pt_regs.
+    let nr = unsafe { *(regs.add(off!(regs_nr) as usize) as *const u64) } as u32;
+    let regs = regs as u64;
     if ret < 0 {
         on_failure(regs, nr, ret);
     } else if nr == nr!(mmap) {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{ProgramError, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, ProgramError, RawTracePoint, TracePoint},
 };
 use shmtrace_common::{Config, Event, lost};
 use tokio::io::unix::AsyncFd;
@@ -18,7 +18,7 @@ use crate::{btf::Btf, events, offsets, preflight};
 const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
     (
         "sys_exit",
-        Kind::Raw,
+        Kind::Btf,
         "",
         "sys_exit",
         true,
@@ -77,6 +77,8 @@ const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
 #[derive(Clone, Copy)]
 enum Kind {
     Raw,
+    /// tp_btf: a raw tracepoint with typed arguments (needs kernel BTF).
+    Btf,
     Tp,
 }
 
@@ -282,6 +284,7 @@ impl Ord for Pending {
 fn hook_name(kind: Kind, category: &str, name: &str) -> String {
     match kind {
         Kind::Raw => format!("raw_tp/{name}"),
+        Kind::Btf => format!("tp_btf/{name}"),
         Kind::Tp => format!("tracepoint {category}:{name}"),
     }
 }
@@ -309,6 +312,12 @@ fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -
             let p: &mut RawTracePoint = p.try_into()?;
             p.load().map_err(explain)?;
             p.attach(name).map_err(explain)?;
+        }
+        Kind::Btf => {
+            let btf = aya::Btf::from_sys_fs().context("kernel BTF")?;
+            let p: &mut BtfTracePoint = p.try_into()?;
+            p.load(name, &btf).map_err(explain)?;
+            p.attach().map_err(explain)?;
         }
         Kind::Tp => {
             let p: &mut TracePoint = p.try_into()?;

@@ -1,7 +1,9 @@
 /* Benchmark (a): a DataLoader-like workload. WORKERS workers each create a
  * /dev/shm segment (open O_EXCL, ftruncate, mmap, unlink), fill it, and pass
- * the fd over a unix socket; the main process maps it, reads it, and drops
- * it. Segment sizes cycle 1..32 MiB. Prints {"ns":elapsed,"bytes":moved}. */
+ * the fd over a unix socket; the main process maps it, reads it, drops it,
+ * and acknowledges (two segments in flight per worker, like PyTorch's
+ * prefetch_factor=2). Segment sizes cycle 1..32 MiB.
+ * Prints {"ns":elapsed,"bytes":moved}. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -53,6 +55,9 @@ int main(int argc, char **argv) {
         if (fork() == 0) {
             close(sv[0]);
             for (int i = 0; i < per_worker; i++) {
+                /* At most two segments in flight, like prefetch_factor=2. */
+                char ack;
+                if (i >= 2 && read(sv[1], &ack, 1) != 1) _exit(2);
                 size_t size = (size_t)1 << (20 + (i + w) % 6);
                 char name[64];
                 snprintf(name, sizeof name, "/dev/shm/bench_%d_%d", getpid(), i);
@@ -82,6 +87,8 @@ int main(int argc, char **argv) {
             munmap((void *)p, size);
             close(fd);
             bytes += size;
+            /* The worker waits for acks only before its segments 2..n-1. */
+            if (i < per_worker - 2 && write(socks[w], "a", 1) != 1) { perror("ack"); return 2; }
         }
     }
     while (wait(NULL) > 0) {}

@@ -83,7 +83,8 @@ pub fn run(root: &Path, rounds: usize) -> Result<()> {
         exes.push(exe);
     }
 
-    let mut results: Vec<[Vec<f64>; 3]> = WORKLOADS.iter().map(|_| [vec![], vec![], vec![]]).collect();
+    let mut results: Vec<[Vec<f64>; 3]> =
+        WORKLOADS.iter().map(|_| [vec![], vec![], vec![]]).collect();
     let modes = [Mode::Base, Mode::Traced, Mode::Bystander];
     for round in 0..rounds {
         for (i, exe) in exes.iter().enumerate() {
@@ -114,7 +115,9 @@ pub fn run(root: &Path, rounds: usize) -> Result<()> {
     }
     eprintln!();
 
-    println!("shmtrace overhead: median of {rounds} interleaved rounds, time ratio to no shmtrace (1.00 = no cost)\n");
+    println!(
+        "shmtrace overhead: median of {rounds} interleaved rounds, time ratio to no shmtrace (1.00 = no cost)\n"
+    );
     println!("| workload | base (median) | traced | bystander |");
     println!("|---|---|---|---|");
     for (i, w) in WORKLOADS.iter().enumerate() {
@@ -163,7 +166,15 @@ fn time(exe: &PathBuf, args: &[&str], shmtrace: Option<&Path>) -> Result<f64> {
         }
         None => Command::new("env"),
     };
-    cmd.args(["unshare", "-m", "--propagation", "private", "sh", "-c", &script]);
+    cmd.args([
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]);
     let out = cmd.stderr(Stdio::inherit()).output()?;
     if !out.status.success() {
         bail!("{} failed: {}", exe.display(), out.status);
@@ -180,7 +191,11 @@ fn time(exe: &PathBuf, args: &[&str], shmtrace: Option<&Path>) -> Result<f64> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 unsafe extern "C" {
