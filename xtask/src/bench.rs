@@ -11,7 +11,7 @@
 //! rounds is printed. Ratios, never absolute times: machines differ.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -152,7 +152,7 @@ fn wait_attached(child: &mut std::process::Child) -> Result<()> {
 
 /// Runs one workload in a private 512 MiB /dev/shm and returns its own
 /// elapsed time in ns.
-fn time(exe: &PathBuf, args: &[&str], shmtrace: Option<&Path>) -> Result<f64> {
+fn time(exe: &Path, args: &[&str], shmtrace: Option<&Path>) -> Result<f64> {
     let script = format!(
         "mount -t tmpfs -o size=512m tmpfs /dev/shm && exec {} {}",
         exe.display(),
