@@ -179,8 +179,9 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
 pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
     let regs: *const u8 = ctx.arg(0);
     let ret: i64 = ctx.arg(1);
+    let nr_off = off!(regs_nr) as usize;
     // SAFETY: the verifier checks this load against struct pt_regs.
-    let nr = unsafe { *(regs.add(off!(regs_nr) as usize) as *const u64) } as u32;
+    let nr = unsafe { *(regs.add(nr_off) as *const u64) } as u32;
     let regs = regs as u64;
     if ret < 0 {
         on_failure(regs, nr, ret);
