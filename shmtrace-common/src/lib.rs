@@ -75,6 +75,11 @@ pub enum EventKind {
     /// A traced process resized a tmpfs file with ftruncate. `args[1]` = new
     /// size, `file` = the file after it.
     Truncate = 11,
+    /// A traced process opened a tmpfs file. `ret` = the new fd, `args` =
+    /// the syscall's arguments, `file` = the file, `path` = the user path.
+    Open = 12,
+    /// A traced process closed a tmpfs fd it had opened. `args[0]` = fd.
+    Close = 13,
 }
 
 impl EventKind {
@@ -91,6 +96,8 @@ impl EventKind {
             9 => Self::Remap,
             10 => Self::OomVictim,
             11 => Self::Truncate,
+            12 => Self::Open,
+            13 => Self::Close,
             _ => return None,
         })
     }
@@ -228,6 +235,7 @@ pub struct SyscallNrs {
     pub mmap: u32,
     pub mremap: u32,
     pub munmap: u32,
+    pub close: u32,
 }
 
 /// Run-time switches, passed in as a global.

@@ -8,7 +8,7 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
     },
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
 use shmtrace_common::{Event, EventKind, lost, traced};
 
@@ -23,6 +23,11 @@ pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 /// sent with that tmpfs's usage at the fault.
 #[map]
 pub static SHM_MAPPED: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
+
+/// (tgid << 32 | fd) of tmpfs fds opened by traced processes: their closes
+/// matter. LRU: entries of processes that exit are evicted, not leaked.
+#[map]
+pub static TMPFS_FDS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(262144, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

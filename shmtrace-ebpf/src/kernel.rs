@@ -65,6 +65,7 @@ static NRS: SyscallNrs = SyscallNrs {
     mmap: M,
     mremap: M,
     munmap: M,
+    close: M,
 };
 
 #[unsafe(no_mangle)]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, EventKind, SIGBUS, lost, traced};
 
 use crate::{
-    emit::{self, Ring, SHM_MAPPED, TRACED},
+    emit::{self, Ring, SHM_MAPPED, TMPFS_FDS, TRACED},
     kernel::{self, nr, off},
 };
 
@@ -191,8 +191,57 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         on_unmap_or_remap(regs, nr, ret);
     } else if nr == nr!(ftruncate) {
         on_truncate(regs);
+    } else if nr == nr!(openat) || nr == nr!(open) || nr == nr!(openat2) || nr == nr!(creat) {
+        on_open(regs, nr, ret);
+    } else if nr == nr!(close) {
+        on_close(regs);
     }
     0
+}
+
+/// Who holds tmpfs files by fd: opens of tmpfs files...
+#[inline(always)]
+fn on_open(regs: u64, nr: u32, fd: i64) {
+    let tgid = tgid();
+    if !emit::is_traced(tgid) {
+        return;
+    }
+    let file = kernel::fd_file(fd as u64);
+    let inode = kernel::tmpfs_inode(file);
+    if inode == 0 {
+        return;
+    }
+    let key = (tgid as u64) << 32 | fd as u64 & 0xffff_ffff;
+    let _ = TMPFS_FDS.insert(key, 1, 0);
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
+        return;
+    };
+    let ev = emit::body(&mut e);
+    ev.syscall = nr;
+    ev.ret = fd;
+    for i in 0..4 {
+        ev.args[i] = arg(regs, i);
+    }
+    kernel::fill_file_info(&mut ev.file, file, inode);
+    e.submit(0);
+}
+
+/// ...and closes of those fds.
+#[inline(always)]
+fn on_close(regs: u64) {
+    let tgid = tgid();
+    let fd = arg(regs, 0);
+    let key = (tgid as u64) << 32 | fd & 0xffff_ffff;
+    if unsafe { TMPFS_FDS.get(key) }.is_none() {
+        return;
+    }
+    let _ = TMPFS_FDS.remove(key);
+    if let Some(mut e) = emit::start(Ring::Events, EventKind::Close) {
+        let ev = emit::body(&mut e);
+        ev.syscall = nr!(close);
+        ev.args[0] = fd;
+        e.submit(0);
+    }
 }
 
 #[inline(always)]

@@ -8,6 +8,8 @@ use serde::Serialize;
 use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, Event, EventKind};
 
 use crate::{
+    attribution::{Attribution, Seen},
+    containers::Containers,
     escape, events,
     mounts::{self, MountTables, Usage, kdev_string},
     offsets::syscall_name,
@@ -103,6 +105,27 @@ pub struct Aggregator {
     /// Latest known i_size of tmpfs files, by (dev, ino), from ftruncate.
     sizes: HashMap<(u32, u64), i64>,
     self_ns: u32,
+    /// Who holds the bytes.
+    pub attr: Attribution,
+    pub containers: Containers,
+    /// Every tmpfs mount holding tracked files or failures, by device.
+    pub mount_stats: BTreeMap<u32, MountStat>,
+}
+
+/// A tmpfs mount's size and use, followed over time.
+#[derive(Clone, Debug, Serialize)]
+pub struct MountStat {
+    pub mountpoint: Option<String>,
+    pub dev: String,
+    pub mount_ns: u32,
+    pub size_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub peak_used_bytes: u64,
+    /// Bytes of the files shmtrace tracks on it.
+    pub tracked_bytes: u64,
+    /// tracked_bytes / used_bytes: how much of the use is explained.
+    pub explained_share: Option<f64>,
 }
 
 impl Aggregator {
@@ -122,6 +145,9 @@ impl Aggregator {
             touched_mounts: BTreeMap::new(),
             sizes: HashMap::new(),
             self_ns,
+            attr: Attribution::default(),
+            containers: Containers::default(),
+            mount_stats: BTreeMap::new(),
         }
     }
 
@@ -148,6 +174,8 @@ impl Aggregator {
         for m in found {
             self.maps.add(pid, m);
         }
+        // What it holds already counts from the first screen.
+        self.attr.want_rescan(pid);
         any
     }
 
@@ -181,6 +209,8 @@ impl Aggregator {
                 p.cmdline = self.procs.get(&ev.tgid).and_then(|pp| pp.cmdline.clone());
                 self.procs.insert(child, p);
                 self.maps.fork(ev.tgid, child);
+                self.attr.forked(ev.tgid, child);
+                self.containers.inherit(ev.tgid, child);
             }
             EventKind::Exec => {
                 self.maps.clear(ev.tgid);
@@ -190,6 +220,9 @@ impl Aggregator {
                 }
                 // A new program may have changed its mounts (unshare + mount).
                 self.mounts.refresh(ev.mnt_ns, ev.tgid);
+                self.attr.want_rescan(ev.tgid);
+                self.containers.forget(ev.tgid);
+                self.containers.of(ev.tgid);
             }
             EventKind::Exit => {
                 let code = ev.ret as i32;
@@ -203,7 +236,23 @@ impl Aggregator {
                     }
                 }
                 self.maps.clear(ev.tgid);
+                self.attr.gone(ev.tgid);
             }
+            EventKind::Open => {
+                let key = (ev.file.dev, ev.file.ino);
+                let flags = if syscall_name(ev.syscall) == "openat" {
+                    ev.args[2]
+                } else {
+                    ev.args[1]
+                };
+                let creat =
+                    syscall_name(ev.syscall) == "creat" || flags & libc::O_CREAT as u64 != 0;
+                let created = creat && ev.file.size == 0 && ev.file.blocks == 0;
+                self.attr.opened(ev.tgid, ev.ret as i32, key, created);
+                self.see_file(ev);
+                self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
+            }
+            EventKind::Close => self.attr.closed(ev.tgid, ev.args[0] as i32),
             EventKind::Map => {
                 let m = Mapping {
                     start: ev.ret as u64,
@@ -216,6 +265,10 @@ impl Aggregator {
                 };
                 self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
                 self.maps.add(ev.tgid, m);
+                self.see_file(ev);
+                // Mapping an fd we never saw opened: it came over a socket,
+                // by dup or by fork. Look at its fds on the next tick.
+                self.attr.want_rescan(ev.tgid);
             }
             EventKind::Unmap => self.maps.unmap(ev.tgid, ev.args[0], ev.args[1]),
             EventKind::Remap => {
@@ -237,6 +290,83 @@ impl Aggregator {
             EventKind::OomVictim => self.on_oom(ev),
             EventKind::Truncate => {
                 self.sizes.insert((ev.file.dev, ev.file.ino), ev.file.size);
+                self.see_file(ev);
+            }
+        }
+    }
+
+    /// A tmpfs file the kernel described in `ev`.
+    fn see_file(&mut self, ev: &Event) {
+        if ev.file.valid == 0 {
+            return;
+        }
+        let name = events::file_name(ev);
+        self.attr.seen(
+            (ev.file.dev, ev.file.ino),
+            Seen {
+                name: name.as_deref(),
+                size: ev.file.size,
+                allocated: ev.file.blocks * 512,
+                unlinked: ev.file.nlink == 0,
+            },
+            ev.tgid,
+        );
+    }
+
+    /// The once-a-second refresh: tracked files' allocation, fd rescans,
+    /// mount use and peaks, per-process totals and containers.
+    pub fn tick(&mut self) {
+        let mounts = &self.mounts;
+        self.attr
+            .tick(&self.maps, |dev| mounts.by_dev(dev).is_some());
+        let mut devs = self.attr.devs();
+        devs.extend(self.touched_mounts.keys().copied());
+        for dev in devs {
+            let Some(m) = self.mounts.by_dev(dev).cloned() else {
+                continue;
+            };
+            let ns = self.mounts.ns_of_dev(dev).unwrap_or(self.self_ns);
+            let anchor = self.mounts.anchors.get(ns).unwrap_or(std::process::id());
+            let usage = self.statfs_via(dev, ns, anchor, &m.mountpoint);
+            let tracked = self.attr.bytes_on(dev);
+            let s = self.mount_stats.entry(dev).or_insert_with(|| MountStat {
+                mountpoint: Some(escape::str(&m.mountpoint)),
+                dev: kdev_string(dev),
+                mount_ns: ns,
+                size_bytes: None,
+                used_bytes: None,
+                free_bytes: None,
+                peak_used_bytes: 0,
+                tracked_bytes: 0,
+                explained_share: None,
+            });
+            s.tracked_bytes = tracked;
+            if let Some(u) = usage {
+                s.size_bytes = Some(u.size_bytes);
+                s.used_bytes = Some(u.used_bytes);
+                s.free_bytes = Some(u.free_bytes());
+                s.peak_used_bytes = s.peak_used_bytes.max(u.used_bytes);
+                s.explained_share =
+                    (u.used_bytes > 0).then(|| (tracked as f64 / u.used_bytes as f64).min(1.0));
+            }
+        }
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            let (a, h) = (self.attr.allocated_bytes(pid), self.attr.held_bytes(pid));
+            let (pa, ph) = self.attr.peaks.get(&pid).copied().unwrap_or_default();
+            let alive = self.procs.get(&pid).is_some_and(|p| p.alive());
+            let container = if alive {
+                self.containers.of(pid).cloned()
+            } else {
+                self.containers.get(pid).cloned()
+            };
+            let p = self.procs.get_mut(&pid).expect("listed");
+            p.allocated_bytes = a;
+            p.held_bytes = h;
+            p.peak_allocated_bytes = pa.max(a);
+            p.peak_held_bytes = ph.max(h);
+            if container.is_some() {
+                p.container = container;
             }
         }
     }

@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    Fail, attach,
+    Fail, attach, node,
     run::{self, RunOpts},
     session::Outputs,
 };
@@ -28,6 +28,7 @@ Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE).";
 
 const EXAMPLES: &str = "\
 Examples:
+  sudo shmtrace                             node-wide: every process and container, live
   sudo shmtrace demo                        see a real failure diagnosed (no PyTorch needed)
   sudo shmtrace run -- python train.py      trace a job from its start; exits with its status
   sudo shmtrace run --shm-size 64M -- python train.py
@@ -69,6 +70,11 @@ pub struct OutputArgs {
     /// own, so a full one loses context, never a failure (losses are counted).
     #[arg(long, value_name = "SIZE", global = true, default_value = "4M", value_parser = parse_ring)]
     pub events_ring: u32,
+
+    /// Show the live view with `run` too (it is on for --pid and node-wide):
+    /// mounts with their use, top holders, recent failures, once a second.
+    #[arg(long, global = true)]
+    pub live: bool,
 }
 
 impl OutputArgs {
@@ -78,6 +84,7 @@ impl OutputArgs {
             events: self.events.clone(),
             quiet: self.quiet,
             events_ring: Some(self.events_ring),
+            live: self.live,
         }
     }
 }
@@ -139,12 +146,44 @@ pub enum Cmd {
 pub async fn dispatch(cli: Cli) -> Result<i32> {
     let outputs = cli.out.outputs();
     match (cli.command, cli.pid) {
-        (Some(_), Some(_)) => Err(Fail::new(2, "--pid cannot be combined with a subcommand").into()),
-        (None, Some(pid)) => attach::attach(pid, outputs).await,
-        (Some(Cmd::Run { shm_size, user, command }), None) => {
-            run::run(RunOpts { command, shm_size, user, outputs, mode: "run" }).await
+        (Some(_), Some(_)) => {
+            Err(Fail::new(2, "--pid cannot be combined with a subcommand").into())
         }
-        (Some(Cmd::Demo { workers, shm_size, batch_mib }), None) => {
+        (None, Some(pid)) => {
+            attach::attach(
+                pid,
+                Outputs {
+                    live: true,
+                    ..outputs
+                },
+            )
+            .await
+        }
+        (
+            Some(Cmd::Run {
+                shm_size,
+                user,
+                command,
+            }),
+            None,
+        ) => {
+            run::run(RunOpts {
+                command,
+                shm_size,
+                user,
+                outputs,
+                mode: "run",
+            })
+            .await
+        }
+        (
+            Some(Cmd::Demo {
+                workers,
+                shm_size,
+                batch_mib,
+            }),
+            None,
+        ) => {
             let exe = std::env::current_exe()?;
             let command = vec![
                 exe.to_string_lossy().into_owned(),
@@ -159,14 +198,23 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 shm_size >> 20
             );
             // Root keeps the demo's binary reachable whatever the caller's home permissions.
-            run::run(RunOpts { command, shm_size: Some(shm_size), user: Some("root".into()), outputs, mode: "demo" }).await
+            run::run(RunOpts {
+                command,
+                shm_size: Some(shm_size),
+                user: Some("root".into()),
+                outputs,
+                mode: "demo",
+            })
+            .await
         }
         (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
-        (None, None) => Err(Fail::new(
-            2,
-            "nothing to trace: give --pid PID, or `run -- CMD`, or try `shmtrace demo` (see --help)",
-        )
-        .into()),
+        (None, None) => {
+            node::node_wide(Outputs {
+                live: true,
+                ..outputs
+            })
+            .await
+        }
     }
 }
 

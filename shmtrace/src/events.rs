@@ -31,6 +31,8 @@ pub fn kind_name(k: EventKind) -> &'static str {
         EventKind::Remap => "mremap",
         EventKind::OomVictim => "oom_victim",
         EventKind::Truncate => "ftruncate",
+        EventKind::Open => "open",
+        EventKind::Close => "close",
     }
 }
 
@@ -150,6 +152,13 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         Some(EventKind::OomVictim) => {
             o.insert("victim_pid".into(), json!(a[0]));
             o.insert("shmem_rss_bytes".into(), json!(a[1] * 1024));
+        }
+        Some(EventKind::Open) => {
+            o.insert("syscall".into(), json!(syscall_name(ev.syscall)));
+            o.insert("fd".into(), json!(ev.ret));
+        }
+        Some(EventKind::Close) => {
+            o.insert("fd".into(), json!(a[0]));
         }
         Some(EventKind::Truncate) => {
             o.insert("fd".into(), json!(a[0]));

@@ -3,12 +3,16 @@
 
 mod aggregate;
 mod attach;
+mod attribution;
 mod btf;
 mod cli;
+mod containers;
 mod demo;
 mod escape;
 mod events;
+mod live;
 mod mounts;
+mod node;
 mod offsets;
 mod preflight;
 mod procs;

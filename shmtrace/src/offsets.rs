@@ -161,6 +161,7 @@ pub fn syscall_nrs() -> SyscallNrs {
         mmap: n(libc::SYS_mmap),
         mremap: n(libc::SYS_mremap),
         munmap: n(libc::SYS_munmap),
+        close: n(libc::SYS_close),
     }
 }
 
@@ -182,6 +183,7 @@ pub fn syscall_name(nr: u32) -> &'static str {
         x if x == n.mmap => "mmap",
         x if x == n.mremap => "mremap",
         x if x == n.munmap => "munmap",
+        x if x == n.close => "close",
         _ => "?",
     }
 }

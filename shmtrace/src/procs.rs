@@ -29,6 +29,14 @@ pub struct Proc {
     pub sigbus_handler_ran: bool,
     /// It raised SIGBUS again itself (PyTorch's worker handler does).
     pub sigbus_reraised: bool,
+    /// Bytes of tmpfs pages it allocated that are still live.
+    pub allocated_bytes: u64,
+    /// Bytes of tmpfs files it keeps alive by an fd or a mapping (a file
+    /// shared by several processes counts for each).
+    pub held_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_held_bytes: u64,
+    pub container: Option<crate::containers::Container>,
 }
 
 impl Proc {
@@ -48,6 +56,11 @@ impl Proc {
             sigbus_handler: None,
             sigbus_handler_ran: false,
             sigbus_reraised: false,
+            allocated_bytes: 0,
+            held_bytes: 0,
+            peak_allocated_bytes: 0,
+            peak_held_bytes: 0,
+            container: None,
         }
     }
 
@@ -175,6 +188,17 @@ impl MappingTable {
 
     pub fn clear(&mut self, pid: u32) {
         self.by_pid.remove(&pid);
+    }
+
+    /// Processes mapping each file, by (dev, ino).
+    pub fn holders(&self) -> HashMap<(u32, u64), std::collections::BTreeSet<u32>> {
+        let mut out: HashMap<(u32, u64), std::collections::BTreeSet<u32>> = HashMap::new();
+        for (pid, v) in &self.by_pid {
+            for m in v {
+                out.entry((m.dev, m.ino)).or_default().insert(*pid);
+            }
+        }
+        out
     }
 
     pub fn find(&self, pid: u32, addr: u64) -> Option<&Mapping> {

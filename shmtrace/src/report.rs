@@ -7,9 +7,41 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Aggregator, Failure, MountAtFailure, OtherSignal},
+    aggregate::{Aggregator, Failure, MountAtFailure, MountStat, OtherSignal},
+    attribution::FileState,
     procs::Proc,
 };
+
+/// A tmpfs mount: its use now and at its peak, and at the first failure on it.
+#[derive(Serialize)]
+pub struct MountReport {
+    #[serde(flatten)]
+    pub stat: MountStat,
+    pub at_first_failure: Option<MountAtFailure>,
+}
+
+/// A container (or the host's cgroup) and the bytes its processes hold.
+#[derive(Serialize)]
+pub struct ContainerReport {
+    pub cgroup: String,
+    pub runtime: Option<String>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    /// Bytes of tmpfs files held by any of its processes, each file once.
+    pub held_bytes: u64,
+    pub allocated_bytes: u64,
+    pub pids: Vec<u32>,
+}
+
+/// A process tree shmtrace was asked to trace, totalled without counting a
+/// shared file twice.
+#[derive(Serialize)]
+pub struct TreeReport {
+    pub root: u32,
+    pub pids: Vec<u32>,
+    pub held_bytes: u64,
+    pub allocated_bytes: u64,
+}
 
 pub const SCHEMA: u32 = 1;
 
@@ -43,7 +75,11 @@ pub struct Report {
     pub first_failure: Option<Failure>,
     pub failures: Vec<Failure>,
     pub processes: Vec<Proc>,
-    pub mounts: Vec<MountAtFailure>,
+    pub mounts: Vec<MountReport>,
+    pub containers: Vec<ContainerReport>,
+    pub trees: Vec<TreeReport>,
+    /// tmpfs files shmtrace tracked, named or unlinked, with their holders.
+    pub files: Vec<FileState>,
     /// SIGBUS signals that were not shared-memory failures, and why.
     pub other_sigbus: Vec<OtherSignal>,
     pub lost_events: u64,
@@ -77,7 +113,10 @@ impl Report {
             first_failure: failures.first().cloned(),
             failures,
             processes: agg.procs.values().cloned().collect(),
-            mounts: agg.touched_mounts.values().cloned().collect(),
+            mounts: mounts(agg),
+            containers: containers(agg),
+            trees: trees(agg),
+            files: agg.attr.files.values().cloned().collect(),
             other_sigbus: agg.other_signals.clone(),
             lost_events: ctx.lost.iter().sum(),
             lost: Lost {
@@ -96,9 +135,98 @@ impl Report {
         }
     }
 
+    /// Writes atomically (temp file + rename): readers never see half a report.
     pub fn write(&self, path: &std::path::Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n")
+        let tmp = path.with_extension("tmp-shmtrace");
+        std::fs::write(&tmp, text + "\n")
+            .with_context(|| format!("cannot write report {}", tmp.display()))?;
+        std::fs::rename(&tmp, path)
             .with_context(|| format!("cannot write report {}", path.display()))
     }
+}
+
+fn mounts(agg: &Aggregator) -> Vec<MountReport> {
+    let mut devs: Vec<u32> = agg.mount_stats.keys().copied().collect();
+    devs.extend(
+        agg.touched_mounts
+            .keys()
+            .filter(|d| !agg.mount_stats.contains_key(d)),
+    );
+    devs.into_iter()
+        .map(|dev| {
+            let at = agg.touched_mounts.get(&dev).cloned();
+            let stat = agg.mount_stats.get(&dev).cloned().unwrap_or_else(|| {
+                let a = at.clone().expect("a touched mount");
+                MountStat {
+                    mountpoint: a.mountpoint,
+                    dev: a.dev,
+                    mount_ns: a.mount_ns,
+                    size_bytes: a.size_bytes,
+                    used_bytes: a.used_bytes,
+                    free_bytes: a.free_bytes,
+                    peak_used_bytes: a.used_bytes.unwrap_or(0),
+                    tracked_bytes: 0,
+                    explained_share: None,
+                }
+            });
+            MountReport {
+                stat,
+                at_first_failure: at,
+            }
+        })
+        .collect()
+}
+
+fn containers(agg: &Aggregator) -> Vec<ContainerReport> {
+    let mut by_cgroup: BTreeMap<String, ContainerReport> = BTreeMap::new();
+    for p in agg.procs.values() {
+        let Some(c) = &p.container else { continue };
+        let e = by_cgroup
+            .entry(c.cgroup.clone())
+            .or_insert_with(|| ContainerReport {
+                cgroup: c.cgroup.clone(),
+                runtime: c.runtime.clone(),
+                container_id: c.container_id.clone(),
+                pod_uid: c.pod_uid.clone(),
+                held_bytes: 0,
+                allocated_bytes: 0,
+                pids: Vec::new(),
+            });
+        e.pids.push(p.pid);
+        e.allocated_bytes += p.allocated_bytes;
+    }
+    for c in by_cgroup.values_mut() {
+        c.held_bytes = agg.attr.held_by_any(&c.pids.iter().copied().collect());
+    }
+    by_cgroup.into_values().collect()
+}
+
+fn trees(agg: &Aggregator) -> Vec<TreeReport> {
+    agg.procs
+        .values()
+        .filter(|p| p.root)
+        .map(|root| {
+            let mut pids = vec![root.pid];
+            let mut i = 0;
+            while i < pids.len() && pids.len() < 100_000 {
+                let parent = pids[i];
+                pids.extend(
+                    agg.procs
+                        .values()
+                        .filter(|p| p.ppid == parent && !p.root && p.pid != parent)
+                        .map(|p| p.pid),
+                );
+                i += 1;
+            }
+            pids.sort();
+            pids.dedup();
+            TreeReport {
+                root: root.pid,
+                held_bytes: agg.attr.held_by_any(&pids.iter().copied().collect()),
+                allocated_bytes: pids.iter().map(|p| agg.attr.allocated_bytes(*p)).sum(),
+                pids,
+            }
+        })
+        .collect()
 }

@@ -26,6 +26,8 @@ pub struct Outputs {
     pub quiet: bool,
     /// Bytes of the ordinary events ring buffer (None: the built-in 4 MiB).
     pub events_ring: Option<u32>,
+    /// Show the live view (top-like on a terminal, a line a second otherwise).
+    pub live: bool,
 }
 
 pub struct Session {
@@ -34,6 +36,8 @@ pub struct Session {
     events_out: Option<BufWriter<File>>,
     outputs: Outputs,
     start_ns: u64,
+    last_tick: std::time::Instant,
+    live: Option<crate::live::Live>,
 }
 
 impl Session {
@@ -54,12 +58,15 @@ impl Session {
         for n in &tracer.notes {
             eprintln!("shmtrace: note: {n}");
         }
+        let live = (outputs.live && !outputs.quiet).then(crate::live::Live::new);
         Ok(Self {
             tracer,
             agg: Aggregator::new(start_ns),
             events_out,
             outputs,
             start_ns,
+            last_tick: std::time::Instant::now(),
+            live,
         })
     }
 
@@ -74,10 +81,43 @@ impl Session {
         }
     }
 
-    /// Waits for events (or `tick`) and applies them.
+    /// Waits for events (or `tick`) and applies them; once a second,
+    /// refreshes attribution and rewrites the report file.
     pub async fn step(&mut self, tick: Duration) {
         self.tracer.wait(tick).await;
         self.pump(false);
+        if self.last_tick.elapsed() >= Duration::from_secs(1) {
+            self.last_tick = std::time::Instant::now();
+            self.agg.tick();
+            if let Some(p) = &self.outputs.report {
+                let _ = self.snapshot("running", None, None, None).write(p);
+            }
+            if let Some(live) = &mut self.live {
+                live.show(&self.agg, self.tracer.lost());
+            }
+        }
+    }
+
+    /// The report as it stands now.
+    pub fn snapshot(
+        &self,
+        mode: &'static str,
+        command: Option<Vec<String>>,
+        target_pid: Option<u32>,
+        exit: Option<report::Exit>,
+    ) -> Report {
+        Report::build(
+            &self.agg,
+            report::Context_ {
+                mode,
+                command,
+                target_pid,
+                duration_s: (tracer::monotonic_ns() - self.start_ns) as f64 / 1e9,
+                lost: self.tracer.lost(),
+                exit,
+                notes: self.tracer.notes.clone(),
+            },
+        )
     }
 
     /// Reads what is still in flight, then writes the report and summary.
@@ -94,19 +134,11 @@ impl Session {
         if let Some(out) = &mut self.events_out {
             out.flush().context("cannot write events file")?;
         }
-        let notes = self.tracer.notes.clone();
-        let report = Report::build(
-            &self.agg,
-            report::Context_ {
-                mode,
-                command,
-                target_pid,
-                duration_s: (tracer::monotonic_ns() - self.start_ns) as f64 / 1e9,
-                lost: self.tracer.lost(),
-                exit,
-                notes,
-            },
-        );
+        self.agg.tick();
+        if let Some(live) = &mut self.live {
+            live.finish();
+        }
+        let report = self.snapshot(mode, command, target_pid, exit);
         if let Some(p) = &self.outputs.report {
             report.write(p)?;
         }

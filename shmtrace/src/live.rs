@@ -1,0 +1,204 @@
+//! The live view: on a terminal, a top-like screen redrawn once a second
+//! (alternate screen, restored at the end); otherwise a plain line per
+//! interval at most, and only when something changed. No escape codes
+//! unless stderr is a terminal.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::{IsTerminal, Write},
+    time::Instant,
+};
+
+use crate::aggregate::{Aggregator, human_bytes};
+
+const TOP: usize = 8;
+const BAR: usize = 24;
+
+pub struct Live {
+    tty: bool,
+    entered: bool,
+    last_line: String,
+    started: Instant,
+}
+
+impl Live {
+    pub fn new() -> Self {
+        Self {
+            tty: std::io::stderr().is_terminal(),
+            entered: false,
+            last_line: String::new(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn show(&mut self, agg: &Aggregator, lost: [u64; 3]) {
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let screen = self.screen(agg, lost);
+            let enter = if self.entered { "" } else { "\x1b[?1049h" };
+            self.entered = true;
+            let _ = write!(err, "{enter}\x1b[H\x1b[2J{screen}");
+        } else {
+            let line = self.line(agg, lost);
+            if line != self.last_line {
+                let _ = writeln!(err, "{line}");
+                self.last_line = line;
+            }
+        }
+        let _ = err.flush();
+    }
+
+    /// Leaves the alternate screen so the summary lands on the normal one.
+    pub fn finish(&mut self) {
+        if self.tty && self.entered {
+            let _ = write!(std::io::stderr(), "\x1b[?1049l");
+            self.entered = false;
+        }
+    }
+
+    fn line(&self, agg: &Aggregator, lost: [u64; 3]) -> String {
+        let mut s = format!("shmtrace +{:.0}s", self.started.elapsed().as_secs_f64());
+        for m in agg.mount_stats.values() {
+            if let (Some(used), Some(size)) = (m.used_bytes, m.size_bytes) {
+                let _ = write!(
+                    s,
+                    " | {} {}/{} ({:.0}%, peak {})",
+                    m.mountpoint.as_deref().unwrap_or("?"),
+                    human_bytes(used),
+                    human_bytes(size),
+                    pct(used, size),
+                    human_bytes(m.peak_used_bytes)
+                );
+            }
+        }
+        if let Some((pid, comm, held)) = top_processes(agg).into_iter().next() {
+            let _ = write!(s, " | top: pid {pid} ({comm}) holds {}", human_bytes(held));
+        }
+        let _ = write!(
+            s,
+            " | failures {} | lost {}",
+            agg.failures.len(),
+            lost.iter().sum::<u64>()
+        );
+        s
+    }
+
+    fn screen(&self, agg: &Aggregator, lost: [u64; 3]) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "shmtrace  +{:.0}s  processes {}  events {}  failures {}  lost {}\r",
+            self.started.elapsed().as_secs_f64(),
+            agg.procs.values().filter(|p| p.alive()).count(),
+            agg.events_seen,
+            agg.failures.len(),
+            lost.iter().sum::<u64>()
+        );
+        let _ = writeln!(s, "\r\nTMPFS MOUNTS\r");
+        if agg.mount_stats.is_empty() {
+            let _ = writeln!(s, "  (none with tracked files yet)\r");
+        }
+        for m in agg.mount_stats.values() {
+            let (used, size) = (m.used_bytes.unwrap_or(0), m.size_bytes.unwrap_or(0));
+            let filled = if size > 0 {
+                (used as f64 / size as f64 * BAR as f64).round() as usize
+            } else {
+                0
+            };
+            let _ = writeln!(
+                s,
+                "  {:<24} [{}{}] {:>9} / {:<9} {:>3.0}%  peak {:>9}  tracked {:>9}  ({} ns {})\r",
+                m.mountpoint.as_deref().unwrap_or("?"),
+                "#".repeat(filled.min(BAR)),
+                "-".repeat(BAR - filled.min(BAR)),
+                human_bytes(used),
+                human_bytes(size),
+                pct(used, size),
+                human_bytes(m.peak_used_bytes),
+                human_bytes(m.tracked_bytes),
+                m.dev,
+                m.mount_ns
+            );
+        }
+        let containers = top_containers(agg);
+        if containers.len() > 1
+            || containers
+                .iter()
+                .any(|(label, _)| !label.starts_with("host"))
+        {
+            let _ = writeln!(
+                s,
+                "\r\nCONTAINERS                                          HELD\r"
+            );
+            for (label, held) in containers.into_iter().take(TOP) {
+                let _ = writeln!(s, "  {label:<48} {:>9}\r", human_bytes(held));
+            }
+        }
+        let _ = writeln!(s, "\r\nPROCESSES            PID       HELD  ALLOCATED\r");
+        for (pid, comm, held) in top_processes(agg).into_iter().take(TOP) {
+            let alloc = agg.procs.get(&pid).map(|p| p.allocated_bytes).unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "  {comm:<16} {pid:>7} {:>10} {:>10}\r",
+                human_bytes(held),
+                human_bytes(alloc)
+            );
+        }
+        let _ = writeln!(s, "\r\nRECENT FAILURES\r");
+        let mut recent: Vec<_> = agg.failures.iter().collect();
+        recent.sort_by_key(|f| f.ts_ns);
+        if recent.is_empty() {
+            let _ = writeln!(s, "  none\r");
+        }
+        for f in recent.iter().rev().take(5) {
+            let _ = writeln!(
+                s,
+                "  +{:.3}s  pid {} ({})  {}  {}\r",
+                f.time_s,
+                f.pid,
+                f.comm,
+                f.kind,
+                f.path.as_deref().unwrap_or("")
+            );
+        }
+        let _ = write!(s, "\r\nCtrl-C to stop and write the report\r\n");
+        s
+    }
+}
+
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 * 100.0 / b as f64
+    }
+}
+
+/// (pid, comm, held) of live processes holding the most, largest first.
+fn top_processes(agg: &Aggregator) -> Vec<(u32, String, u64)> {
+    let mut v: Vec<(u32, String, u64)> = agg
+        .procs
+        .values()
+        .filter(|p| p.alive() && p.held_bytes > 0)
+        .map(|p| (p.pid, p.comm.clone(), p.held_bytes))
+        .collect();
+    v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+    v
+}
+
+fn top_containers(agg: &Aggregator) -> Vec<(String, u64)> {
+    let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
+    for p in agg.procs.values().filter(|p| p.alive()) {
+        if let Some(c) = &p.container {
+            by.entry(c.label()).or_default().insert(p.pid);
+        }
+    }
+    let mut v: Vec<(String, u64)> = by
+        .into_iter()
+        .map(|(l, pids)| (l, agg.attr.held_by_any(&pids)))
+        .filter(|(_, h)| *h > 0)
+        .collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v
+}

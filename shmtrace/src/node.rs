@@ -1,0 +1,42 @@
+//! Node-wide mode (`shmtrace` with no target): every process on the node,
+//! attributed to its container, until Ctrl-C or SIGTERM (the DaemonSet).
+
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    session::{Outputs, Session},
+    tracer,
+};
+
+pub async fn node_wide(outputs: Outputs) -> Result<i32> {
+    let mut session = Session::start(outputs, true)?;
+    let now = tracer::monotonic_ns();
+    // Seed from /proc once: who maps or holds tmpfs files right now.
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .filter(|&p| p != me)
+        .collect();
+    pids.sort();
+    for pid in pids {
+        if session.agg.add_root(pid, now, false) {
+            session.tracer.mark_shm_mapped(pid);
+        }
+    }
+    eprintln!("shmtrace: tracing every process on this node; Ctrl-C to stop");
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = session.step(Duration::from_millis(200)) => {}
+        }
+    }
+    session.finish("node", None, None, None).await?;
+    Ok(0)
+}
