@@ -199,6 +199,6 @@ fn top_containers(agg: &Aggregator) -> Vec<(String, u64)> {
         .map(|(l, pids)| (l, agg.attr.held_by_any(&pids)))
         .filter(|(_, h)| *h > 0)
         .collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|c| std::cmp::Reverse(c.1));
     v
 }

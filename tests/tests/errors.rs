@@ -100,11 +100,11 @@ fn command_not_found() {
 }
 
 #[test]
-fn nothing_to_trace_explains_the_modes() {
-    let o = sh("SHMTRACE");
+fn pid_with_a_subcommand_is_refused() {
+    let o = sh("SHMTRACE --pid 1 run -- true");
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("--pid") && stderr(&o).contains("demo"),
+        stderr(&o).contains("--pid cannot be combined"),
         "{}",
         stderr(&o)
     );

@@ -1,0 +1,449 @@
+//! Who holds the bytes: per process, per file, per mount, per container,
+//! checked against st_blocks and statfs as the workloads see them.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+const PAGE: i64 = 4096;
+
+/// Reads the periodic report until `ok` accepts it (or fails after 20 s).
+fn report_until(path: &Path, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+            && ok(&v)
+        {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "report never showed {what}: {}",
+            std::fs::read_to_string(path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn proc_of(r: &Value, pid: u64) -> &Value {
+    r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in report"))
+}
+
+fn near(got: &Value, want: i64, files: i64, what: &str) {
+    let got = got.as_i64().unwrap_or_else(|| panic!("{what}: {got}"));
+    assert!(
+        (got - want).abs() <= files * PAGE,
+        "{what}: got {got}, want {want} (±{files} pages)"
+    );
+}
+
+/// First JSON line a child prints on stdout.
+fn first_json(child: &mut Child) -> Value {
+    let out = child.stdout.as_mut().unwrap();
+    let mut line = String::new();
+    let mut r = BufReader::new(out);
+    r.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|_| panic!("workload said: {line}"))
+}
+
+fn check_holders(r: &Value, t: &Value, with_allocated: bool) {
+    let (a1, a2, a3, named) = (
+        t["a1"].as_i64().unwrap(),
+        t["a2"].as_i64().unwrap(),
+        t["a3"].as_i64().unwrap(),
+        t["named"].as_i64().unwrap(),
+    );
+    let p1 = proc_of(r, t["p1"].as_u64().unwrap());
+    let p2 = proc_of(r, t["p2"].as_u64().unwrap());
+    let p3 = proc_of(r, t["p3"].as_u64().unwrap());
+    near(
+        &p1["held_bytes"],
+        a1 + a2 + a3,
+        3,
+        "P1 holds its three unlinked files by fd",
+    );
+    near(
+        &p2["held_bytes"],
+        a2,
+        1,
+        "P2 holds the received file by its mapping",
+    );
+    near(&p3["held_bytes"], named, 1, "P3 holds the named file");
+    if with_allocated {
+        near(
+            &p1["allocated_bytes"],
+            a1 + a2 + a3,
+            3,
+            "P1 allocated its files' pages",
+        );
+        near(&p2["allocated_bytes"], 0, 0, "P2 allocated nothing");
+        near(
+            &p3["allocated_bytes"],
+            named,
+            1,
+            "P3 allocated the named file",
+        );
+    }
+    let m = r["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == "/dev/shm")
+        .expect("the mount");
+    near(
+        &m["used_bytes"],
+        t["used"].as_i64().unwrap(),
+        4,
+        "mount used vs statfs",
+    );
+    near(
+        &m["tracked_bytes"],
+        a1 + a2 + a3 + named,
+        4,
+        "tracked files explain the use",
+    );
+    // The tree counts a2 once, though two processes hold it.
+    let tree_max = r["trees"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["held_bytes"].as_i64().unwrap())
+        .max()
+        .unwrap_or(0);
+    near(
+        &Value::from(tree_max),
+        a1 + a2 + a3 + named,
+        4,
+        "tree total without double counting",
+    );
+}
+
+#[test]
+fn three_holders_match_st_blocks_and_statfs_while_running_and_at_the_end() {
+    let exe = workload("holders");
+    let dir = scratch("holders");
+    let (finish, report) = (dir.join("finish"), dir.join("r.json"));
+    require_root();
+    let _lock = bpf_lock(false);
+    let mut job = Command::new(shmtrace())
+        .args(["run", "--quiet", "--report"])
+        .arg(&report)
+        .arg("--")
+        .args(private_shm(
+            "size=32m",
+            &format!("exec {} {}", exe.display(), finish.display()),
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let truth = first_json(&mut job);
+    let r = report_until(&report, "P1's files", |r| {
+        r["processes"].as_array().is_some_and(|ps| {
+            ps.iter()
+                .any(|p| p["pid"] == truth["p2"] && p["held_bytes"].as_i64() > Some(0))
+                && ps.iter().any(|p| {
+                    p["pid"] == truth["p1"] && p["held_bytes"].as_i64() > Some((6 << 20) - 4 * PAGE)
+                })
+        })
+    });
+    assert_eq!(r["mode"], "running");
+    check_holders(&r, &truth, true);
+    std::fs::write(&finish, "").unwrap();
+    assert!(job.wait().unwrap().success());
+    // At the end: everything was released; the peaks kept what was held.
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let p1 = proc_of(&r, truth["p1"].as_u64().unwrap());
+    near(
+        &p1["peak_held_bytes"],
+        truth["a1"].as_i64().unwrap()
+            + truth["a2"].as_i64().unwrap()
+            + truth["a3"].as_i64().unwrap(),
+        3,
+        "P1 peak",
+    );
+    near(
+        &p1["peak_allocated_bytes"],
+        truth["a1"].as_i64().unwrap()
+            + truth["a2"].as_i64().unwrap()
+            + truth["a3"].as_i64().unwrap(),
+        3,
+        "P1 allocated peak",
+    );
+    let m = r["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == "/dev/shm")
+        .unwrap();
+    near(
+        &m["peak_used_bytes"],
+        truth["used"].as_i64().unwrap(),
+        4,
+        "mount peak",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
+    let exe = workload("holders");
+    let dir = scratch("attach-held");
+    let (finish, report) = (dir.join("finish"), dir.join("r.json"));
+    require_root();
+    let _lock = bpf_lock(false);
+    let mut job = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {} {}",
+            exe.display(),
+            finish.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let truth = first_json(&mut job);
+    let main = job.id();
+    let mut tracer = Command::new(shmtrace())
+        .args(["--pid", &main.to_string(), "--quiet", "--report"])
+        .arg(&report)
+        .spawn()
+        .unwrap();
+    let r = report_until(&report, "the held bytes", |r| {
+        r["processes"].as_array().is_some_and(|ps| ps.len() >= 4)
+    });
+    check_holders(&r, &truth, false);
+    std::fs::write(&finish, "").unwrap();
+    job.wait().unwrap();
+    assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+struct Pod {
+    cgroup: PathBuf,
+    uid: &'static str,
+    id: &'static str,
+}
+
+fn make_pod(path: String, uid: &'static str, id: &'static str) -> Pod {
+    let cgroup = PathBuf::from("/sys/fs/cgroup/unified").join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(&cgroup).expect("cgroup v2 directory");
+    Pod { cgroup, uid, id }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        // Remove the leaf and its empty parents up to the hierarchy root.
+        let mut p = self.cgroup.clone();
+        while p != Path::new("/sys/fs/cgroup/unified") && std::fs::remove_dir(&p).is_ok() {
+            p.pop();
+        }
+    }
+}
+
+fn start_in(pod: &Pod, shm: &str, mib: u32, finish: &Path) -> (Child, Value) {
+    let exe = workload("hold");
+    let mut c = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec unshare -m --propagation private sh -c \
+             'mount -t tmpfs -o size={shm} tmpfs /dev/shm && exec {} /dev/shm/data {mib} {}'",
+            pod.cgroup.display(),
+            exe.display(),
+            finish.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = first_json(&mut c);
+    (c, t)
+}
+
+fn container<'a>(r: &'a Value, pod: &Pod) -> Option<&'a Value> {
+    r["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["pod_uid"] == pod.uid)
+}
+
+#[test]
+fn node_wide_attributes_each_pod_its_bytes_and_mount() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("pods");
+    let (finish, report) = (dir.join("finish"), dir.join("r.json"));
+    let a = make_pod(
+        format!(
+            "/kubepods/burstable/pod{}/{}",
+            "0a6f5a3e-1111-4c3b-9a4e-3c2b1a0f9e8d",
+            "a".repeat(64)
+        ),
+        "0a6f5a3e-1111-4c3b-9a4e-3c2b1a0f9e8d",
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    );
+    let b = make_pod(
+        format!(
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+            "7b1e2d3c-2222-4f5a-8b6c-9d0e1f2a3b4c".replace('-', "_"),
+            "b".repeat(64)
+        ),
+        "7b1e2d3c-2222-4f5a-8b6c-9d0e1f2a3b4c",
+        "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+    );
+    let mut tracer = Command::new(shmtrace())
+        .args(["--quiet", "--report"])
+        .arg(&report)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+
+    let (mut ja, ta) = start_in(&a, "16m", 6, &finish);
+    let r = report_until(&report, "pod A's bytes", |r| {
+        container(r, &a).is_some_and(|c| c["held_bytes"].as_i64() > Some(0))
+    });
+    let ca = container(&r, &a).unwrap();
+    near(
+        &ca["held_bytes"],
+        ta["blocks"].as_i64().unwrap(),
+        1,
+        "pod A holds its file",
+    );
+    assert_eq!(ca["container_id"], a.id);
+    assert_eq!(ca["runtime"], "containerd");
+
+    let (mut jb, tb) = start_in(&b, "32m", 10, &finish);
+    let r = report_until(&report, "pod B's bytes", |r| {
+        container(r, &b).is_some_and(|c| c["held_bytes"].as_i64() > Some(0))
+    });
+    let (ca, cb) = (container(&r, &a).unwrap(), container(&r, &b).unwrap());
+    near(
+        &cb["held_bytes"],
+        tb["blocks"].as_i64().unwrap(),
+        1,
+        "pod B holds its file",
+    );
+    near(
+        &ca["held_bytes"],
+        ta["blocks"].as_i64().unwrap(),
+        1,
+        "filling B did not move A",
+    );
+    assert_eq!(cb["container_id"], b.id);
+    // Each pod's /dev/shm is its own mount, with its own size.
+    let mounts = r["mounts"].as_array().unwrap();
+    let sizes: Vec<i64> = mounts
+        .iter()
+        .filter(|m| m["mountpoint"] == "/dev/shm")
+        .filter_map(|m| m["size_bytes"].as_i64())
+        .collect();
+    assert!(
+        sizes.contains(&(16 << 20)) && sizes.contains(&(32 << 20)),
+        "{mounts:?}"
+    );
+
+    std::fs::write(&finish, "").unwrap();
+    ja.wait().unwrap();
+    jb.wait().unwrap();
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    let _ = tracer.stderr.as_mut().unwrap().read_to_string(&mut rest);
+    assert!(tracer.wait().unwrap().success(), "{rest}");
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let exe = workload("holders");
+    let dir = scratch("live");
+    let finish = dir.join("finish");
+    let mut job = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {} {}",
+            exe.display(),
+            finish.display()
+        ))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _truth = first_json(&mut job);
+    let pid = job.id();
+
+    // A real terminal: tmux.
+    let session = format!("shmtrace-test-{}", std::process::id());
+    let st = Command::new("tmux")
+        .args(["new-session", "-d", "-x", "160", "-y", "45", "-s", &session])
+        .arg(format!("{} --pid {pid}", shmtrace().display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let start = Instant::now();
+    let screen = loop {
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", &session])
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        if s.contains("TMPFS MOUNTS") && s.contains("[#") {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no live screen:\n{s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    assert!(
+        screen.contains("/dev/shm") && screen.contains("PROCESSES") && screen.contains("holders"),
+        "{screen}"
+    );
+    assert!(screen.contains("10.0 MiB"), "the mount's use:\n{screen}");
+
+    // Piped: plain lines, no escape codes.
+    let mut tracer = Command::new(shmtrace())
+        .args(["--pid", &pid.to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    std::fs::write(&finish, "").unwrap();
+    job.wait().unwrap();
+    let mut err = String::new();
+    tracer
+        .stderr
+        .as_mut()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(tracer.wait().unwrap().success());
+    assert!(!err.contains('\x1b'), "escape codes in a pipe: {err:?}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("shmtrace +") && l.contains("/dev/shm 10.0 MiB/32.0 MiB")),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
