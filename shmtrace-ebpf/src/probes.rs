@@ -4,7 +4,9 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes},
+    helpers::{
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+    },
     macros::{btf_tracepoint, raw_tracepoint, tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
 };
@@ -16,6 +18,7 @@ use crate::{
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
+const O_CREAT: u64 = 0o100;
 
 /// sched_process_fork(parent, child): follow new processes of traced parents.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -202,6 +205,21 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
 /// Who holds tmpfs files by fd: opens of tmpfs files...
 #[inline(always)]
 fn on_open(regs: u64, nr: u32, fd: i64) {
+    // Only creations: files opened without O_CREAT (a consumer opening a
+    // named segment) show up when mapped, and the fd rescan finds them.
+    let flags = if nr == nr!(openat) {
+        arg(regs, 2)
+    } else if nr == nr!(open) {
+        arg(regs, 1)
+    } else if nr == nr!(creat) {
+        O_CREAT
+    } else {
+        // openat2(dirfd, path, struct open_how *how, size): how->flags first.
+        unsafe { bpf_probe_read_user(arg(regs, 2) as *const u64) }.unwrap_or(0)
+    };
+    if flags & O_CREAT == 0 {
+        return;
+    }
     let tgid = tgid();
     if !emit::is_traced(tgid) {
         return;
@@ -246,7 +264,10 @@ fn on_close(regs: u64) {
 
 #[inline(always)]
 fn arg(regs: u64, i: usize) -> u64 {
-    kernel::read::<u64>(regs, off!(regs_args[i])).unwrap_or(0)
+    let off = off!(regs_args[i]) as u64;
+    // SAFETY: `regs` is the typed pt_regs of tp_btf/sys_exit: the verifier
+    // checks this load against the struct, so no helper call is needed.
+    unsafe { *((regs + off) as *const u64) }
 }
 
 #[inline(always)]

@@ -76,6 +76,8 @@ pub struct Failure {
     pub mnt_ns: u32,
     /// Times the same access faulted again after a handler returned.
     pub refaults: u32,
+    /// The failing process's container (runtime, id, pod), when it is in one.
+    pub container: Option<crate::containers::Container>,
 }
 
 /// A SIGBUS that was not on a tmpfs mapping: kept, but not a shm failure.
@@ -355,10 +357,11 @@ impl Aggregator {
             let (a, h) = (self.attr.allocated_bytes(pid), self.attr.held_bytes(pid));
             let (pa, ph) = self.attr.peaks.get(&pid).copied().unwrap_or_default();
             let alive = self.procs.get(&pid).is_some_and(|p| p.alive());
-            let container = if alive {
-                self.containers.of(pid).cloned()
-            } else {
-                self.containers.get(pid).cloned()
+            let cgid = self.procs.get(&pid).map(|p| p.cgroup_id).unwrap_or(0);
+            let container = match self.containers.of_id(cgid).cloned() {
+                Some(c) => Some(c),
+                None if alive => self.containers.of(pid).cloned(),
+                None => self.containers.get(pid).cloned(),
             };
             let p = self.procs.get_mut(&pid).expect("listed");
             p.allocated_bytes = a;
@@ -652,10 +655,16 @@ impl Aggregator {
             ancestry: self.ancestry(pid),
             mnt_ns: p.map(|p| p.mnt_ns).unwrap_or(ev.mnt_ns),
             refaults: 0,
+            container: None,
         }
     }
 
-    fn record(&mut self, f: Failure) {
+    fn record(&mut self, mut f: Failure) {
+        let cgid = self.procs.get(&f.pid).map(|p| p.cgroup_id).unwrap_or(0);
+        f.container = match self.containers.of_id(cgid).cloned() {
+            Some(c) => Some(c),
+            None => self.containers.of(f.pid).cloned(),
+        };
         if let Some(m) = &f.mount
             && let Some(dev) = &f.dev
             && let Some(kdev) = parse_kdev(dev)

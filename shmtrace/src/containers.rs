@@ -123,9 +123,77 @@ fn is_uid(s: &str) -> bool {
 pub struct Containers {
     by_path: HashMap<String, Container>,
     by_pid: HashMap<u32, String>,
+    /// cgroup v2 id (the directory's inode, what bpf_get_current_cgroup_id
+    /// returns) -> path, from one walk of the v2 hierarchy, redone on a miss
+    /// at most once a second.
+    by_id: HashMap<u64, String>,
+    last_walk: Option<std::time::Instant>,
+}
+
+/// Where the cgroup v2 hierarchy is mounted (unified on hybrid hosts).
+fn v2_root() -> Option<&'static str> {
+    let has = |dir: &str, file: &str| std::path::Path::new(dir).join(file).exists();
+    if has("/sys/fs/cgroup/unified", "cgroup.procs") {
+        Some("/sys/fs/cgroup/unified")
+    } else if has("/sys/fs/cgroup", "cgroup.controllers") {
+        Some("/sys/fs/cgroup")
+    } else {
+        None
+    }
+}
+
+fn walk(
+    root: &std::path::Path,
+    dir: &std::path::Path,
+    out: &mut HashMap<u64, String>,
+    depth: usize,
+) {
+    use std::os::unix::fs::MetadataExt;
+    if depth > 16 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir())
+            && let Ok(md) = e.metadata()
+        {
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .map(|r| format!("/{}", r.display()))
+                .unwrap_or_default();
+            out.insert(md.ino(), rel);
+            walk(root, &e.path(), out, depth + 1);
+        }
+    }
 }
 
 impl Containers {
+    /// The container of cgroup v2 id `id`, as the eBPF programs saw it at
+    /// the event (right even for a process that is gone since).
+    pub fn of_id(&mut self, id: u64) -> Option<&Container> {
+        if id <= 1 {
+            return None; // the root: a v1 or hybrid host says nothing here
+        }
+        if !self.by_id.contains_key(&id)
+            && self.last_walk.is_none_or(|t| t.elapsed().as_secs() >= 1)
+        {
+            self.last_walk = Some(std::time::Instant::now());
+            if let Some(root) = v2_root() {
+                let root = std::path::Path::new(root);
+                walk(root, root, &mut self.by_id, 0);
+            }
+        }
+        let path = self.by_id.get(&id)?.clone();
+        Some(
+            self.by_path
+                .entry(path.clone())
+                .or_insert_with(|| parse(&path)),
+        )
+    }
+
     /// The container of `pid`, read from /proc the first time (retried on
     /// later calls while /proc cannot tell).
     pub fn of(&mut self, pid: u32) -> Option<&Container> {

@@ -5,7 +5,8 @@
 //! - base: no shmtrace;
 //! - traced: under `shmtrace run` (every hook filters to this process);
 //! - bystander: untraced, while shmtrace traces some other process (the
-//!   cost every process on the node pays for the enabled tracepoints).
+//!   cost every process on the node pays for the enabled tracepoints);
+//! - node-wide: while `shmtrace` traces every process (the DaemonSet).
 //!
 //! The ratio is time(condition) / time(base) per round; the median over
 //! rounds is printed. Ratios, never absolute times: machines differ.
@@ -51,6 +52,8 @@ enum Mode {
     Base = 0,
     Traced = 1,
     Bystander = 2,
+    /// shmtrace node-wide (the DaemonSet): every process is traced.
+    Node = 3,
 }
 
 pub fn run(root: &Path, rounds: usize) -> Result<()> {
@@ -83,17 +86,20 @@ pub fn run(root: &Path, rounds: usize) -> Result<()> {
         exes.push(exe);
     }
 
-    let mut results: Vec<[Vec<f64>; 3]> =
-        WORKLOADS.iter().map(|_| [vec![], vec![], vec![]]).collect();
-    let modes = [Mode::Base, Mode::Traced, Mode::Bystander];
+    let modes = [Mode::Base, Mode::Traced, Mode::Bystander, Mode::Node];
+    let mut results: Vec<Vec<Vec<f64>>> = WORKLOADS
+        .iter()
+        .map(|_| vec![vec![]; modes.len()])
+        .collect();
     for round in 0..rounds {
         for (i, exe) in exes.iter().enumerate() {
             // Rotate which condition goes first, so drift spreads evenly.
-            for k in 0..3 {
-                let m = modes[(round + k) % 3];
+            for k in 0..modes.len() {
+                let m = modes[(round + k) % modes.len()];
+                let args = WORKLOADS[i].args;
                 let t = match m {
-                    Mode::Base => time(exe, WORKLOADS[i].args, None)?,
-                    Mode::Traced => time(exe, WORKLOADS[i].args, Some(&shmtrace))?,
+                    Mode::Base => time(exe, args, None)?,
+                    Mode::Traced => time(exe, args, Some(&shmtrace))?,
                     Mode::Bystander => {
                         let mut idle = Command::new("sleep").arg("100000").spawn()?;
                         let mut by = Command::new(&shmtrace)
@@ -101,10 +107,22 @@ pub fn run(root: &Path, rounds: usize) -> Result<()> {
                             .stderr(Stdio::piped())
                             .spawn()?;
                         wait_attached(&mut by)?;
-                        let t = time(exe, WORKLOADS[i].args, None);
+                        let t = time(exe, args, None);
                         let _ = idle.kill();
                         let _ = idle.wait();
                         let _ = by.wait();
+                        t?
+                    }
+                    Mode::Node => {
+                        let mut node = Command::new(&shmtrace)
+                            .arg("--quiet")
+                            .stderr(Stdio::piped())
+                            .spawn()?;
+                        wait_attached(&mut node)?;
+                        let t = time(exe, args, None);
+                        // SAFETY: kill(2) of our own child with SIGINT.
+                        unsafe { libc_kill(node.id() as i32, 2) };
+                        let _ = node.wait();
                         t?
                     }
                 };
@@ -118,18 +136,18 @@ pub fn run(root: &Path, rounds: usize) -> Result<()> {
     println!(
         "shmtrace overhead: median of {rounds} interleaved rounds, time ratio to no shmtrace (1.00 = no cost)\n"
     );
-    println!("| workload | base (median) | traced | bystander |");
-    println!("|---|---|---|---|");
+    println!("| workload | base (median) | traced | bystander | node-wide |");
+    println!("|---|---|---|---|---|");
     for (i, w) in WORKLOADS.iter().enumerate() {
-        let [base, traced, by] = &results[i];
-        let traced_ratio = median(traced.iter().zip(base).map(|(t, b)| t / b).collect());
-        let by_ratio = median(by.iter().zip(base).map(|(t, b)| t / b).collect());
+        let base = &results[i][0];
+        let ratio = |v: &Vec<f64>| median(v.iter().zip(base).map(|(t, b)| t / b).collect());
         println!(
-            "| {} | {:.0} ms | x{:.3} | x{:.3} |",
+            "| {} | {:.0} ms | x{:.3} | x{:.3} | x{:.3} |",
             w.what,
             median(base.clone()) / 1e6,
-            traced_ratio,
-            by_ratio
+            ratio(&results[i][1]),
+            ratio(&results[i][2]),
+            ratio(&results[i][3])
         );
     }
     Ok(())
@@ -140,14 +158,15 @@ fn wait_attached(child: &mut std::process::Child) -> Result<()> {
     let stderr = child.stderr.take().context("stderr")?;
     let mut lines = BufReader::new(stderr).lines();
     for line in lines.by_ref() {
-        if line?.contains("tracing pid") {
+        let line = line?;
+        if line.contains("tracing pid") || line.contains("tracing every process") {
             // Keep draining so shmtrace never blocks on a full pipe.
             std::thread::spawn(move || for _ in lines {});
             std::thread::sleep(Duration::from_millis(200));
             return Ok(());
         }
     }
-    bail!("the bystander shmtrace did not attach")
+    bail!("shmtrace did not attach")
 }
 
 /// Runs one workload in a private 512 MiB /dev/shm and returns its own
@@ -201,4 +220,6 @@ fn median(mut v: Vec<f64>) -> f64 {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
