@@ -78,6 +78,15 @@ pub struct Failure {
     pub refaults: u32,
     /// The failing process's container (runtime, id, pod), when it is in one.
     pub container: Option<crate::containers::Container>,
+    /// For the first failure on a mount: who held its bytes at that moment.
+    pub holders: Vec<Holder>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub comm: String,
+    pub held_bytes: u64,
 }
 
 /// A SIGBUS that was not on a tmpfs mapping: kept, but not a shm failure.
@@ -656,10 +665,36 @@ impl Aggregator {
             mnt_ns: p.map(|p| p.mnt_ns).unwrap_or(ev.mnt_ns),
             refaults: 0,
             container: None,
+            holders: Vec::new(),
         }
     }
 
     fn record(&mut self, mut f: Failure) {
+        let kdev = f.dev.as_deref().and_then(parse_kdev);
+        if let Some(dev) = kdev
+            && !self.touched_mounts.contains_key(&dev)
+        {
+            // The first failure on this mount: refresh who holds what now,
+            // while the processes involved are most likely still there.
+            let mounts = &self.mounts;
+            self.attr.tick(&self.maps, |d| mounts.by_dev(d).is_some());
+            f.holders = self
+                .attr
+                .holders_on(dev)
+                .into_iter()
+                .filter(|&(_, b)| b > 0)
+                .take(5)
+                .map(|(pid, held_bytes)| Holder {
+                    pid,
+                    comm: self
+                        .procs
+                        .get(&pid)
+                        .map(|p| p.comm.clone())
+                        .unwrap_or_default(),
+                    held_bytes,
+                })
+                .collect();
+        }
         let cgid = self.procs.get(&f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.containers.of_id(cgid).cloned() {
             Some(c) => Some(c),

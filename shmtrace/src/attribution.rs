@@ -269,6 +269,20 @@ impl Attribution {
             .sum()
     }
 
+    /// Processes holding files on tmpfs `kdev`, with the bytes each holds
+    /// there, largest first.
+    pub fn holders_on(&self, kdev: u32) -> Vec<(u32, u64)> {
+        let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+        for f in self.files.values().filter(|f| f.kdev == kdev) {
+            for pid in f.holders() {
+                *by.entry(pid).or_default() += f.allocated_bytes;
+            }
+        }
+        let mut v: Vec<(u32, u64)> = by.into_iter().collect();
+        v.sort_by_key(|&(pid, b)| (std::cmp::Reverse(b), pid));
+        v
+    }
+
     /// Bytes of tracked files on tmpfs `kdev`.
     pub fn bytes_on(&self, kdev: u32) -> u64 {
         self.files

@@ -79,6 +79,14 @@ pub fn render(r: &Report) -> String {
             }
         }
     }
+    if !first.holders.is_empty() {
+        let list: Vec<String> = first
+            .holders
+            .iter()
+            .map(|h| format!("pid {} ({}) {}", h.pid, h.comm, human_bytes(h.held_bytes)))
+            .collect();
+        let _ = writeln!(s, "  holders        {}", list.join(", "));
+    }
     if let Some(p) = procs(first.pid) {
         let fate = match (p.exit_signal, p.exit_code) {
             (Some(sig), _) => format!("killed by {}", signals::describe(sig)),
