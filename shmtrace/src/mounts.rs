@@ -200,21 +200,32 @@ impl Anchors {
         if file.metadata().ok()?.ino() as u32 != ns {
             return None; // `via` has moved to another namespace since
         }
+        use std::os::fd::AsRawFd;
+        // The child says when it is inside: until then its /proc files show
+        // our namespace, not the one it anchors.
+        let (ready_r, ready_w) = nix::unistd::pipe().ok()?;
         // SAFETY: the child only makes async-signal-safe syscalls, then waits.
         match unsafe { nix::unistd::fork() }.ok()? {
             nix::unistd::ForkResult::Child => unsafe {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 let name = b"shmtrace-anchor\0";
                 libc::prctl(libc::PR_SET_NAME, name.as_ptr());
-                use std::os::fd::AsRawFd;
                 if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
                     libc::_exit(1);
                 }
+                libc::write(ready_w.as_raw_fd(), b"1".as_ptr().cast(), 1);
                 loop {
                     libc::pause();
                 }
             },
             nix::unistd::ForkResult::Parent { child } => {
+                drop(ready_w);
+                let mut byte = [0u8; 1];
+                let inside = matches!(nix::unistd::read(&ready_r, &mut byte), Ok(1));
+                if !inside {
+                    let _ = nix::sys::wait::waitpid(child, None);
+                    return None;
+                }
                 let pid = child.as_raw() as u32;
                 self.by_ns.insert(ns, pid);
                 Some(pid)

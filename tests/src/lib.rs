@@ -106,15 +106,24 @@ pub fn shared_lib(name: &str) -> PathBuf {
 /// `unshare -m ... sh -c 'mount a SIZE tmpfs on /dev/shm && SCRIPT'`: a
 /// private /dev/shm the way PLATFORM.md reproduces a container's.
 pub fn private_shm(mount_opts: &str, script: &str) -> Vec<String> {
-    vec![
-        "unshare".into(),
-        "-m".into(),
-        "--propagation".into(),
-        "private".into(),
-        "sh".into(),
-        "-c".into(),
-        format!("mount -t tmpfs -o {mount_opts} tmpfs /dev/shm && {script}"),
+    in_private_ns(&format!(
+        "mount -t tmpfs -o {mount_opts} tmpfs /dev/shm && {script}"
+    ))
+}
+
+/// `unshare -m --propagation private sh -c SCRIPT`.
+pub fn in_private_ns(script: &str) -> Vec<String> {
+    [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
     ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// What one `shmtrace run` gave.

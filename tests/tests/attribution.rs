@@ -49,6 +49,21 @@ fn near(got: &Value, want: i64, files: i64, what: &str) {
     );
 }
 
+/// tests/workloads/holders.c in its own 32 MiB /dev/shm, untraced.
+fn start_holders(exe: &Path, finish: &Path) -> Child {
+    let script = format!(
+        "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {} {}",
+        exe.display(),
+        finish.display()
+    );
+    let argv = in_private_ns(&script);
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// First JSON line a child prints on stdout.
 fn first_json(child: &mut Child) -> Value {
     let out = child.stdout.as_mut().unwrap();
@@ -203,16 +218,7 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
     let (finish, report) = (dir.join("finish"), dir.join("r.json"));
     require_root();
     let _lock = bpf_lock(false);
-    let mut job = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {} {}",
-            exe.display(),
-            finish.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut job = start_holders(&exe, &finish);
     let truth = first_json(&mut job);
     let main = job.id();
     let mut tracer = Command::new(shmtrace())
@@ -376,16 +382,7 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
     let exe = workload("holders");
     let dir = scratch("live");
     let finish = dir.join("finish");
-    let mut job = Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs -o size=32m tmpfs /dev/shm && exec {} {}",
-            exe.display(),
-            finish.display()
-        ))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut job = start_holders(&exe, &finish);
     let _truth = first_json(&mut job);
     let pid = job.id();
 

@@ -28,20 +28,12 @@ fn on_small_ext4(script: &str) -> (Vec<String>, std::path::PathBuf) {
             .unwrap()
             .success()
     );
-    let cmd = vec![
-        "unshare".into(),
-        "-m".into(),
-        "--propagation".into(),
-        "private".into(),
-        "sh".into(),
-        "-c".into(),
-        format!(
-            "mount -o loop {} {} && {}",
-            img.display(),
-            mnt.display(),
-            script.replace("MNT", &mnt.display().to_string())
-        ),
-    ];
+    let cmd = in_private_ns(&format!(
+        "mount -o loop {} {} && {}",
+        img.display(),
+        mnt.display(),
+        script.replace("MNT", &mnt.display().to_string())
+    ));
     (cmd, dir)
 }
 
