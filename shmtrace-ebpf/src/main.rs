@@ -6,6 +6,8 @@
 #[cfg(target_arch = "bpf")]
 mod emit;
 #[cfg(target_arch = "bpf")]
+mod extras;
+#[cfg(target_arch = "bpf")]
 mod kernel;
 #[cfg(target_arch = "bpf")]
 mod probes;

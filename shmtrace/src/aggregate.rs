@@ -78,8 +78,10 @@ pub struct Failure {
     pub refaults: u32,
     /// The failing process's container (runtime, id, pod), when it is in one.
     pub container: Option<crate::containers::Container>,
-    /// For the first failure on a mount: who held its bytes at that moment.
+    /// For the first failure on a mount: who held its bytes at that moment,
+    /// and the last events on that mount before it.
     pub holders: Vec<Holder>,
+    pub events_before: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -121,7 +123,11 @@ pub struct Aggregator {
     pub containers: Containers,
     /// Every tmpfs mount holding tracked files or failures, by device.
     pub mount_stats: BTreeMap<u32, MountStat>,
+    /// The last events on each tmpfs mount, by device.
+    recent: HashMap<u32, std::collections::VecDeque<String>>,
 }
+
+const RECENT: usize = 8;
 
 /// A tmpfs mount's size and use, followed over time.
 #[derive(Clone, Debug, Serialize)]
@@ -159,6 +165,7 @@ impl Aggregator {
             attr: Attribution::default(),
             containers: Containers::default(),
             mount_stats: BTreeMap::new(),
+            recent: HashMap::new(),
         }
     }
 
@@ -260,7 +267,7 @@ impl Aggregator {
                     syscall_name(ev.syscall) == "creat" || flags & libc::O_CREAT as u64 != 0;
                 let created = creat && ev.file.size == 0 && ev.file.blocks == 0;
                 self.attr.opened(ev.tgid, ev.ret as i32, key, created);
-                self.see_file(ev);
+                self.see_file(ev, kind);
                 self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
             }
             EventKind::Close => self.attr.closed(ev.tgid, ev.args[0] as i32),
@@ -276,7 +283,7 @@ impl Aggregator {
                 };
                 self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
                 self.maps.add(ev.tgid, m);
-                self.see_file(ev);
+                self.see_file(ev, kind);
                 // Mapping an fd we never saw opened: it came over a socket,
                 // by dup or by fork. Look at its fds on the next tick.
                 self.attr.want_rescan(ev.tgid);
@@ -301,17 +308,33 @@ impl Aggregator {
             EventKind::OomVictim => self.on_oom(ev),
             EventKind::Truncate => {
                 self.sizes.insert((ev.file.dev, ev.file.ino), ev.file.size);
-                self.see_file(ev);
+                self.see_file(ev, kind);
             }
         }
     }
 
     /// A tmpfs file the kernel described in `ev`.
-    fn see_file(&mut self, ev: &Event) {
+    fn see_file(&mut self, ev: &Event, kind: EventKind) {
         if ev.file.valid == 0 {
             return;
         }
         let name = events::file_name(ev);
+        // The last events on each mount: evidence for a failure there.
+        let line = format!(
+            "+{:.6}s pid {} ({}) {} {} (size {}, {} allocated)",
+            ev.ts_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+            ev.tgid,
+            escape::bytes(&ev.comm),
+            events::kind_name(kind),
+            name.as_deref().unwrap_or("?"),
+            human_bytes(ev.file.size.max(0) as u64),
+            human_bytes(ev.file.blocks * 512)
+        );
+        let q = self.recent.entry(ev.file.dev).or_default();
+        if q.len() >= RECENT {
+            q.pop_front();
+        }
+        q.push_back(line);
         self.attr.seen(
             (ev.file.dev, ev.file.ino),
             Seen {
@@ -666,6 +689,7 @@ impl Aggregator {
             refaults: 0,
             container: None,
             holders: Vec::new(),
+            events_before: Vec::new(),
         }
     }
 
@@ -694,6 +718,11 @@ impl Aggregator {
                     held_bytes,
                 })
                 .collect();
+            f.events_before = self
+                .recent
+                .get(&dev)
+                .map(|q| q.iter().cloned().collect())
+                .unwrap_or_default();
         }
         let cgid = self.procs.get(&f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.containers.of_id(cgid).cloned() {

@@ -69,12 +69,21 @@ pub struct Seen<'a> {
     pub unlinked: bool,
 }
 
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Segments {
+    pub max_bytes: u64,
+    pub creators: BTreeSet<u32>,
+}
+
 #[derive(Default)]
 pub struct Attribution {
     pub files: HashMap<FileKey, FileState>,
     fd_index: HashMap<(u32, i32), FileKey>,
     /// pid -> (peak allocated, peak held)
     pub peaks: HashMap<u32, (u64, u64)>,
+    /// Over the whole run, freed files included: the largest file seen and
+    /// who created files of 1 MiB or more (what a DataLoader's batches look like).
+    pub segments: Segments,
     rescan: BTreeSet<u32>,
 }
 
@@ -94,6 +103,11 @@ impl Attribution {
         let grown = s.allocated.saturating_sub(f.allocated_bytes);
         f.allocated_bytes = s.allocated;
         credit(f, grown, pid);
+        let (size, creator) = (f.size.max(0) as u64, f.creator);
+        self.segments.max_bytes = self.segments.max_bytes.max(size);
+        if let Some(c) = creator.filter(|_| size >= 1 << 20) {
+            self.segments.creators.insert(c);
+        }
     }
 
     pub fn opened(&mut self, pid: u32, fd: i32, key: FileKey, created: bool) {

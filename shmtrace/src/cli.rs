@@ -107,6 +107,12 @@ pub enum Cmd {
         #[arg(long, value_name = "USER")]
         user: Option<String>,
 
+        /// When CMD fails on shared memory, run it again with a private
+        /// /dev/shm of the size shmtrace computed, and say whether the failure
+        /// is gone. Exits 0 only when the rerun no longer fails on shared memory.
+        #[arg(long)]
+        verify: bool,
+
         /// The command and its arguments (after --).
         #[arg(
             required = true,
@@ -132,6 +138,11 @@ pub enum Cmd {
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
         batch_mib: u64,
     },
+
+    /// What this machine and namespace support: kernel, BTF, tracefs,
+    /// privileges, each hook (loaded for real), kprobe/fentry extras, and
+    /// this namespace's /dev/shm with advice.
+    Doctor,
 
     /// The demo's workload itself (used by `demo`).
     #[command(hide = true)]
@@ -163,6 +174,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             Some(Cmd::Run {
                 shm_size,
                 user,
+                verify,
                 command,
             }),
             None,
@@ -173,6 +185,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 user,
                 outputs,
                 mode: "run",
+                verify,
             })
             .await
         }
@@ -204,10 +217,12 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 user: Some("root".into()),
                 outputs,
                 mode: "demo",
+                verify: false,
             })
             .await
         }
         (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
+        (Some(Cmd::Doctor), None) => crate::doctor::doctor().await,
         (None, None) => {
             node::node_wide(Outputs {
                 live: true,

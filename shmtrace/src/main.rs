@@ -8,6 +8,8 @@ mod btf;
 mod cli;
 mod containers;
 mod demo;
+mod diagnosis;
+mod doctor;
 mod escape;
 mod events;
 mod live;

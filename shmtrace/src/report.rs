@@ -72,6 +72,9 @@ pub struct Report {
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
     pub duration_s: f64,
+    /// The answer: signature, summary, what the framework got wrong, the
+    /// /dev/shm size this workload needs.
+    pub diagnosis: Option<crate::diagnosis::Diagnosis>,
     pub first_failure: Option<Failure>,
     pub failures: Vec<Failure>,
     pub processes: Vec<Proc>,
@@ -80,6 +83,8 @@ pub struct Report {
     pub trees: Vec<TreeReport>,
     /// tmpfs files shmtrace tracked, named or unlinked, with their holders.
     pub files: Vec<FileState>,
+    /// Shared-memory segments over the whole run (freed ones included).
+    pub segments: crate::attribution::Segments,
     /// SIGBUS signals that were not shared-memory failures, and why.
     pub other_sigbus: Vec<OtherSignal>,
     pub lost_events: u64,
@@ -103,13 +108,14 @@ pub struct Context_ {
 impl Report {
     pub fn build(agg: &Aggregator, ctx: Context_) -> Self {
         let failures = agg.ordered_failures();
-        Self {
+        let mut r = Self {
             schema: SCHEMA,
             version: env!("CARGO_PKG_VERSION"),
             mode: ctx.mode,
             command: ctx.command,
             target_pid: ctx.target_pid,
             duration_s: ctx.duration_s,
+            diagnosis: None,
             first_failure: failures.first().cloned(),
             failures,
             processes: agg.procs.values().cloned().collect(),
@@ -117,6 +123,7 @@ impl Report {
             containers: containers(agg),
             trees: trees(agg),
             files: agg.attr.files.values().cloned().collect(),
+            segments: agg.attr.segments.clone(),
             other_sigbus: agg.other_signals.clone(),
             lost_events: ctx.lost.iter().sum(),
             lost: Lost {
@@ -132,7 +139,9 @@ impl Report {
                 .collect(),
             exit: ctx.exit,
             notes: ctx.notes,
-        }
+        };
+        r.diagnosis = crate::diagnosis::diagnose(&r);
+        r
     }
 
     /// Writes atomically (temp file + rename): readers never see half a report.

@@ -20,7 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     Fail,
-    report::Exit,
+    report::{Exit, Report},
     session::{Outputs, Session},
     tracer,
 };
@@ -33,6 +33,8 @@ pub struct RunOpts {
     pub user: Option<String>,
     pub outputs: Outputs,
     pub mode: &'static str,
+    /// On a shared-memory failure, rerun at the computed size (the control).
+    pub verify: bool,
 }
 
 /// Who CMD runs as.
@@ -70,16 +72,107 @@ fn identity(user: Option<&str>) -> Result<Option<Identity>> {
     }))
 }
 
+/// `run`, and with `--verify` the control rerun at the computed size.
 pub async fn run(opts: RunOpts) -> Result<i32> {
+    if !opts.verify {
+        return Ok(run_once(&opts, opts.shm_size, opts.outputs.clone())
+            .await?
+            .1);
+    }
+    // Both runs print their summaries; the report file gets both at the end.
+    let inner = Outputs {
+        report: None,
+        ..opts.outputs.clone()
+    };
+    let (first, code) = run_once(&opts, opts.shm_size, inner.clone()).await?;
+    let Some(size) = first
+        .diagnosis
+        .as_ref()
+        .and_then(|d| d.recommended_shm_bytes)
+    else {
+        eprintln!("shmtrace verify: no shared-memory failure to fix, nothing to rerun");
+        if let Some(p) = &opts.outputs.report {
+            first.write(p)?;
+        }
+        return Ok(code);
+    };
+    eprintln!(
+        "\nshmtrace verify: rerunning the command with a private /dev/shm of {} MiB\n",
+        size >> 20
+    );
+    let (rerun, rerun_code) = run_once(
+        &opts,
+        Some(size),
+        Outputs {
+            events: None,
+            ..inner
+        },
+    )
+    .await?;
+    let gone = rerun.failures.is_empty();
+    let verdict = if gone {
+        format!(
+            "with /dev/shm at {} MiB the command ran without a shared-memory failure (exit {rerun_code}): the fix works",
+            size >> 20
+        )
+    } else {
+        format!(
+            "with /dev/shm at {} MiB it still failed on shared memory ({}): it needs more, or a consumer keeps every segment alive",
+            size >> 20,
+            rerun
+                .diagnosis
+                .as_ref()
+                .map(|d| d.signature.as_str())
+                .unwrap_or("?")
+        )
+    };
+    eprintln!("shmtrace verify: {verdict}");
+    if let Some(p) = &opts.outputs.report {
+        let v = Verified {
+            first: &first,
+            verify: Verify {
+                shm_size_bytes: size,
+                failure_gone: gone,
+                verdict,
+                rerun: &rerun,
+            },
+        };
+        let text = serde_json::to_string_pretty(&v)?;
+        std::fs::write(p, text + "\n")
+            .with_context(|| format!("cannot write report {}", p.display()))?;
+    }
+    Ok(if gone { 0 } else { 1 })
+}
+
+/// The report of a verified run: the first run's, plus the control rerun.
+#[derive(serde::Serialize)]
+struct Verified<'a> {
+    #[serde(flatten)]
+    first: &'a Report,
+    verify: Verify<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct Verify<'a> {
+    shm_size_bytes: u64,
+    failure_gone: bool,
+    verdict: String,
+    rerun: &'a Report,
+}
+
+async fn run_once(
+    opts: &RunOpts,
+    shm_size: Option<u64>,
+    outputs: Outputs,
+) -> Result<(Report, i32)> {
     let Some(program) = opts.command.first() else {
         return Err(anyhow!("no command given: shmtrace run -- CMD [ARGS...]"));
     };
     let ident = identity(opts.user.as_deref())?;
-    let mut session = Session::start(opts.outputs.clone(), false)?;
+    let mut session = Session::start(outputs, false)?;
 
     let mut cmd = Command::new(program);
     cmd.args(&opts.command[1..]);
-    let shm_size = opts.shm_size;
     let tmpfs_opts = shm_size.map(|s| CString::new(format!("size={s},mode=1777")).expect("no NUL"));
     // SAFETY: runs between fork and exec; only async-signal-safe syscalls,
     // on values prepared before the fork.
@@ -173,8 +266,8 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         },
     };
     let code = exit.status;
-    session
+    let report = session
         .finish(opts.mode, Some(opts.command.clone()), Some(pid), Some(exit))
         .await?;
-    Ok(code)
+    Ok((report, code))
 }

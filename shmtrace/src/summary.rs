@@ -164,6 +164,59 @@ pub fn render(r: &Report) -> String {
             first.pid
         );
     }
+    if let Some(d) = &r.diagnosis {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "  diagnosis      [{}] {}", d.signature, d.summary);
+        if let Some(m) = &d.framework_message {
+            let _ = writeln!(s, "  framework said {m}");
+        }
+        if let Some(w) = &d.framework_misleads {
+            let _ = writeln!(s, "  but            {w}");
+        }
+        if let Some(b) = d.recommended_shm_bytes {
+            let _ = writeln!(
+                s,
+                "  fix            /dev/shm of {} MiB: {}",
+                b >> 20,
+                d.basis.as_deref().unwrap_or("")
+            );
+            if let Some(docker) = &d.docker {
+                let _ = writeln!(s, "    docker       {docker}");
+            }
+            let _ = writeln!(
+                s,
+                "    local        shmtrace run --shm-size {}M --verify -- CMD",
+                b >> 20
+            );
+            if let Some(k) = &d.kubernetes {
+                let _ = writeln!(s, "    kubernetes   (pod spec)");
+                for line in k.lines() {
+                    let _ = writeln!(s, "                   {line}");
+                }
+            }
+        }
+        if let Some(dl) = &d.dataloader {
+            let _ = writeln!(s, "    or           {dl}");
+        }
+    }
+    if let Some(f) = r
+        .first_failure
+        .as_ref()
+        .filter(|f| !f.events_before.is_empty())
+    {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  last events on {} before it:",
+            f.mount
+                .as_ref()
+                .and_then(|m| m.mountpoint.clone())
+                .unwrap_or_default()
+        );
+        for e in &f.events_before {
+            let _ = writeln!(s, "    {e}");
+        }
+    }
     lost_line(&mut s, r);
     s
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, ProgramError, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
 };
 use shmtrace_common::{Config, Event, lost};
 use tokio::io::unix::AsyncFd;
@@ -97,6 +97,8 @@ pub struct Tracer {
     pub notes: Vec<String>,
     /// Events that reached user space, per ring: (events, failures).
     pub received: (u64, u64),
+    /// Each hook and whether the kernel took it (None) or why not.
+    pub hooks: Vec<(String, Option<String>)>,
 }
 
 impl Tracer {
@@ -136,8 +138,13 @@ impl Tracer {
             )))
             .context("cannot load shmtrace's eBPF object into the kernel")?;
 
+        let mut hooks = Vec::new();
         for &(prog, kind, category, name, required, loses) in HOOKS {
             let res = attach(&mut ebpf, prog, kind, category, name);
+            hooks.push((
+                hook_name(kind, category, name),
+                res.as_ref().err().map(|e| format!("{e:#}")),
+            ));
             match res {
                 Ok(()) => {}
                 Err(e) if !required => notes.push(format!(
@@ -173,7 +180,43 @@ impl Tracer {
             seq: 0,
             notes,
             received: (0, 0),
+            hooks,
         })
+    }
+
+    /// Whether this kernel lets kprobes and fentry programs in: shmtrace
+    /// does not need them, but `doctor` says what the node allows.
+    pub fn probe_extras(&mut self) -> (Result<()>, Result<()>) {
+        let kprobe = (|| -> Result<()> {
+            if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+                anyhow::bail!(
+                    "no kprobe PMU in /sys/bus/event_source/devices (CONFIG_KPROBES off)"
+                );
+            }
+            let p: &mut KProbe = self
+                ._ebpf
+                .program_mut("doctor_kprobe")
+                .context("doctor_kprobe")?
+                .try_into()?;
+            p.load()?;
+            p.attach("vfs_fallocate", 0)?;
+            Ok(())
+        })();
+        let fentry = (|| -> Result<()> {
+            let btf = aya::Btf::from_sys_fs()?;
+            let p: &mut FEntry = self
+                ._ebpf
+                .program_mut("doctor_fentry")
+                .context("doctor_fentry")?
+                .try_into()?;
+            p.load("vfs_fallocate", &btf).map_err(|e| match e {
+                ProgramError::LoadError { io_error, .. } => anyhow!("load refused: {io_error}"),
+                e => anyhow!(e),
+            })?;
+            p.attach()?;
+            Ok(())
+        })();
+        (kprobe, fentry)
     }
 
     /// Adds `pid` to the traced set with `traced::*` flags.

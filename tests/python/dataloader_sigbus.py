@@ -2,7 +2,11 @@
 /dev/shm. Worker 1 meets the full tmpfs first (worker 0 holds back its
 second batch), and dies of SIGBUS while filling its batch.
 
-    python3 dataloader_sigbus.py TRUTH_FILE LIBSIGBUS_TRUTH
+    python3 dataloader_sigbus.py TRUTH_FILE LIBSIGBUS_TRUTH [busy]
+
+With "busy", the main process is in a long native computation (a training
+step) when worker 1 dies, and worker 0 dies soon after: by the time PyTorch
+checks, both are dead, and it names the lowest pid, worker 0.
 """
 import ctypes
 import os
@@ -13,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 TRUTH, LIB = sys.argv[1], sys.argv[2]
+BUSY = len(sys.argv) > 3 and sys.argv[3] == "busy"
 BATCH = 32  # 32 x 3x256x256 float32 = 24 MiB
 
 
@@ -23,7 +28,7 @@ class Images(Dataset):
     def __getitem__(self, i):
         info = torch.utils.data.get_worker_info()
         if info.id == 0 and i == 2 * BATCH:
-            time.sleep(1.5)
+            time.sleep(0.6 if BUSY else 1.5)
         return torch.ones(3, 256, 256)
 
 
@@ -41,3 +46,8 @@ if __name__ == "__main__":
     for batch in loader:
         kept.append(batch)  # a training loop that keeps its batches alive
         print(f"batch {len(kept)}", flush=True)
+        if BUSY and len(kept) == 2:
+            # One long native call (about 2 s here): Python runs no signal
+            # handler until it returns.
+            x = torch.ones(1600, 1600)
+            torch.mm(x, x)

@@ -1,0 +1,335 @@
+//! From evidence to an answer: the failure's signature in the user's
+//! language, what the framework printed and what it got wrong, and the
+//! /dev/shm size this workload needs, with the ways to get it.
+
+use serde::Serialize;
+
+use crate::{aggregate::human_bytes, procs::Proc, report::Report};
+
+const MIB: u64 = 1 << 20;
+/// Sizes are rounded up to this, the way people write --shm-size.
+const ROUND: u64 = 64 * MIB;
+/// PyTorch's default DataLoader prefetch_factor.
+const PREFETCH: u64 = 2;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnosis {
+    /// Stable identifier: "pytorch-dataloader:sigbus", "pytorch-dataloader:enospc-fallocate",
+    /// "shm:sigbus", "shm:enospc-write", "shm:mmap-error", "memcg:oom-kill", ...
+    pub signature: String,
+    pub framework: Option<String>,
+    /// The diagnosis in one paragraph.
+    pub summary: String,
+    /// What the framework prints for this failure.
+    pub framework_message: Option<String>,
+    /// Where the framework's message misleads, if it does.
+    pub framework_misleads: Option<String>,
+    pub recommended_shm_bytes: Option<u64>,
+    /// How the size was computed, headroom included.
+    pub basis: Option<String>,
+    pub docker: Option<String>,
+    pub kubernetes: Option<String>,
+    /// The DataLoader settings that would fit the current size instead.
+    pub dataloader: Option<String>,
+}
+
+/// PyTorch leaves its fingerprints on file names and process names.
+fn is_pytorch(r: &Report) -> bool {
+    r.failures
+        .iter()
+        .any(|f| f.path.as_deref().is_some_and(|p| p.contains("/torch_")))
+        || r.processes
+            .iter()
+            .any(|p| p.comm.starts_with("pt_data_worker") || p.comm.starts_with("pt_main_thread"))
+        || r.files
+            .iter()
+            .any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("torch_")))
+}
+
+pub fn diagnose(r: &Report) -> Option<Diagnosis> {
+    let first = r.first_failure.as_ref()?;
+    let pytorch = is_pytorch(r);
+    let what = match (first.kind, first.syscall) {
+        ("sigbus", _) => "sigbus".to_string(),
+        ("oom_kill", _) => "oom-kill".to_string(),
+        (k, Some(sc)) => format!("{}-{sc}", k.replace('_', "-")),
+        (k, None) => k.replace('_', "-"),
+    };
+    let signature = match (first.kind, pytorch) {
+        ("oom_kill", _) => format!("memcg:{what}"),
+        (_, true) => format!("pytorch-dataloader:{what}"),
+        (_, false) => format!("shm:{what}"),
+    };
+    let proc_of = |pid: u32| r.processes.iter().find(|p| p.pid == pid);
+    let mount = first.mount.as_ref();
+    let size = mount.and_then(|m| m.size_bytes);
+
+    // Whom would PyTorch's main process name? The lowest pid among the
+    // workers that died of a signal (it checks them in pid order).
+    let parent = first.ppid;
+    // Workers are forked, never exec'd: they keep the parent's command line
+    // (helpers such as multiprocessing's resource tracker exec).
+    let parent_cmd = proc_of(parent).and_then(|p| p.cmdline.clone());
+    let mut workers: Vec<&Proc> = r
+        .processes
+        .iter()
+        .filter(|p| {
+            p.ppid == parent && p.pid != parent && (parent_cmd.is_none() || p.cmdline == parent_cmd)
+        })
+        .collect();
+    workers.sort_by_key(|p| (p.first_seen_ns, p.pid));
+    let index_of = |pid: u32| workers.iter().position(|p| p.pid == pid);
+    let (framework_message, framework_misleads) = if pytorch {
+        pytorch_messages(
+            r,
+            first.pid,
+            first.kind,
+            first.syscall,
+            &workers,
+            index_of(first.pid),
+        )
+    } else {
+        (None, None)
+    };
+
+    let (recommended, basis) = recommend(r, pytorch);
+    let fits = dataloader_fit(r, pytorch, size, workers_allocating(r));
+    let failed_at = mount
+        .and_then(|m| Some((m.used_bytes?, m.size_bytes?)))
+        .map(|(u, s)| format!(" with {} of {} in use", human_bytes(u), human_bytes(s)))
+        .unwrap_or_default();
+    let who = proc_of(first.pid)
+        .map(|p| p.comm.as_str())
+        .unwrap_or(first.comm.as_str());
+    let role = match index_of(first.pid) {
+        Some(i) if pytorch => format!("DataLoader worker {i} (pid {}, {who})", first.pid),
+        _ => format!("pid {} ({who})", first.pid),
+    };
+    let mp = mount
+        .and_then(|m| m.mountpoint.clone())
+        .unwrap_or_else(|| "/dev/shm".into());
+    let mut summary = match first.kind {
+        "sigbus" => format!(
+            "{role} was the first to fail: it touched a page of {} that {mp} could not allocate{failed_at}, and the kernel killed it with SIGBUS.",
+            first.path.as_deref().unwrap_or("a shared-memory file")
+        ),
+        "oom_kill" => format!(
+            "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."
+        ),
+        _ => format!(
+            "{role} was the first to fail: {}() on {} returned {}{failed_at}.",
+            first.syscall.unwrap_or("a syscall"),
+            first.path.as_deref().unwrap_or("a shared-memory file"),
+            first.errno_name.unwrap_or("an error")
+        ),
+    };
+    match r.failures.len() {
+        0 | 1 => {}
+        2 => summary.push_str(" 1 more failure followed."),
+        n => summary.push_str(&format!(" {} more failures followed.", n - 1)),
+    }
+    if let Some(rec) = recommended {
+        summary.push_str(&format!(
+            " A /dev/shm of {} should be enough ({}).",
+            human_mib(rec),
+            basis.as_deref().unwrap_or("")
+        ));
+    }
+    Some(Diagnosis {
+        signature,
+        framework: pytorch.then(|| "PyTorch DataLoader".to_string()),
+        summary,
+        framework_message,
+        framework_misleads,
+        recommended_shm_bytes: recommended,
+        basis,
+        docker: recommended.map(|b| format!("docker run --shm-size={}m ...", b / MIB)),
+        kubernetes: recommended.map(|b| kubernetes_snippet(b / MIB)),
+        dataloader: fits,
+    })
+}
+
+fn pytorch_messages(
+    r: &Report,
+    first: u32,
+    kind: &str,
+    syscall: Option<&str>,
+    workers: &[&Proc],
+    first_index: Option<usize>,
+) -> (Option<String>, Option<String>) {
+    match (kind, syscall) {
+        ("sigbus", _) => {
+            let mut dead: Vec<u32> = r
+                .failures
+                .iter()
+                .filter(|f| f.kind == "sigbus")
+                .map(|f| f.pid)
+                .filter(|pid| r.processes.iter().any(|p| p.pid == *pid && p.exit_signal == Some(7)))
+                .collect();
+            dead.sort();
+            let named = dead.first().copied().unwrap_or(first);
+            let msg = format!(
+                "DataLoader worker (pid {named}) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
+            );
+            let wrong = (named != first).then(|| {
+                format!(
+                    "PyTorch names pid {named}: it checks its workers in pid order and reports the first dead one it finds. The first worker to fail was pid {first}; pid {named} failed after it, as collateral."
+                )
+            });
+            (Some(msg), wrong)
+        }
+        ("enospc", Some("fallocate")) | ("enospc", Some("write")) | ("enospc", Some("pwrite64")) => {
+            let verb = if syscall == Some("fallocate") { "allocate shared memory(shm) for" } else { "write to" };
+            let msg = format!(
+                "RuntimeError: Caught RuntimeError in DataLoader worker process K. ... unable to {verb} file </torch_...>: No space left on device (28)"
+            );
+            let wrong = first_index.map(|i| {
+                format!(
+                    "PyTorch reports the worker whose batch it was waiting for (\"worker process K\"), not the first to fail: that was worker {i} (pid {first}) of {}.",
+                    workers.len()
+                )
+            });
+            (Some(msg), wrong)
+        }
+        ("mmap_error", _) => (
+            Some("RuntimeError: unable to mmap N bytes from file </torch_...>: Cannot allocate memory (12)".into()),
+            None,
+        ),
+        ("enospc", Some("openat")) => (Some("OSError: [Errno 28] No space left on device".into()), None),
+        _ => (None, None),
+    }
+}
+
+/// Processes that created segments (files of 1 MiB or more) or failed.
+fn workers_allocating(r: &Report) -> u64 {
+    let mut creators = r.segments.creators.clone();
+    creators.extend(
+        r.failures
+            .iter()
+            .filter(|f| f.kind != "oom_kill")
+            .map(|f| f.pid),
+    );
+    creators.len() as u64
+}
+
+/// The largest segment: files seen over the run, failing files, requests.
+fn largest_segment(r: &Report) -> u64 {
+    r.failures
+        .iter()
+        .filter_map(|f| f.file_size.map(|s| s.max(0) as u64))
+        .chain(
+            r.failures
+                .iter()
+                .filter(|f| f.kind != "sigbus")
+                .filter_map(|f| f.bytes),
+        )
+        .chain(std::iter::once(r.segments.max_bytes))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Size estimate: what was in use when it failed plus what the failing
+/// processes still wanted; for a PyTorch DataLoader also its steady state,
+/// (workers x prefetch_factor + 2) batches in flight. Then 25% headroom,
+/// rounded up to 64 MiB.
+fn recommend(r: &Report, pytorch: bool) -> (Option<u64>, Option<String>) {
+    let Some(first) = r.first_failure.as_ref() else {
+        return (None, None);
+    };
+    if first.kind == "oom_kill" {
+        return (
+            None,
+            Some("an OOM kill is a memory cgroup limit, not a /dev/shm size".into()),
+        );
+    }
+    let m = first.mount.as_ref();
+    let used = m.and_then(|m| m.used_bytes).unwrap_or(0);
+    let size = m.and_then(|m| m.size_bytes).unwrap_or(0);
+    let mut unmet = 0u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for f in r.failures.iter().filter(|f| seen.insert(f.pid)) {
+        unmet += match (f.kind, f.file_size, f.offset, f.bytes) {
+            ("sigbus", Some(sz), Some(off), _) => (sz.max(0) as u64).saturating_sub(off),
+            (_, _, _, Some(b)) => b,
+            _ => 4096,
+        };
+    }
+    let observed = used + unmet;
+    // Largest segment and how many processes created segments.
+    let segment = largest_segment(r);
+    // Segment makers (not the 32-byte semaphores the main process creates).
+    let workers = workers_allocating(r);
+    let steady = if pytorch {
+        (workers * PREFETCH + 2) * segment
+    } else {
+        0
+    };
+    let need = observed.max(steady).max(size + 4096);
+    let with_headroom = need + need / 4;
+    let rounded = with_headroom.div_ceil(ROUND) * ROUND;
+    let mut basis = format!(
+        "{} in use at the failure + {} the failing processes still asked for = {}",
+        human_bytes(used),
+        human_bytes(unmet),
+        human_bytes(observed)
+    );
+    if pytorch && segment > 0 {
+        basis.push_str(&format!(
+            "; DataLoader steady state ({workers} workers x prefetch_factor {PREFETCH} + 2) x {} batches = {}",
+            human_bytes(segment),
+            human_bytes(steady)
+        ));
+    }
+    basis.push_str(&format!(
+        "; +25% headroom, rounded up to 64 MiB: {}",
+        human_mib(rounded)
+    ));
+    (Some(rounded), Some(basis))
+}
+
+/// Settings that fit the current size: in flight are
+/// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.
+fn dataloader_fit(r: &Report, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
+    if !pytorch {
+        return None;
+    }
+    let size = size?;
+    let batch = Some(largest_segment(r)).filter(|b| *b > 0)?;
+    let budget = size * 4 / 5;
+    let workers = workers.max(1);
+    let max_batch = budget / (workers * PREFETCH + 2);
+    let mut ways = vec![format!(
+        "with num_workers={workers} and prefetch_factor={PREFETCH}, batches must be at most {} (now {}: scale batch_size by {:.2})",
+        human_bytes(max_batch),
+        human_bytes(batch),
+        max_batch as f64 / batch as f64
+    )];
+    let fit = budget / batch;
+    if fit >= 2 + PREFETCH {
+        ways.push(format!(
+            "num_workers <= {} with prefetch_factor={PREFETCH}",
+            (fit - 2) / PREFETCH
+        ));
+    }
+    if fit >= 3 {
+        ways.push(format!("num_workers <= {} with prefetch_factor=1", fit - 2));
+    }
+    if fit < 3 {
+        ways.push("num_workers=0 (batches made in the main process, no /dev/shm)".into());
+    }
+    Some(format!(
+        "to fit {}: {}",
+        human_mib(size),
+        ways.join("; or ")
+    ))
+}
+
+fn human_mib(b: u64) -> String {
+    format!("{} MiB", b.div_ceil(MIB))
+}
+
+fn kubernetes_snippet(mib: u64) -> String {
+    format!(
+        "volumes:\n  - name: dshm\n    emptyDir:\n      medium: Memory\n      sizeLimit: {mib}Mi\ncontainers:\n  - volumeMounts:\n      - name: dshm\n        mountPath: /dev/shm"
+    )
+}
