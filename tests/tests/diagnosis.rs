@@ -76,7 +76,7 @@ fn size_and_verify(python: &str, args: &str, signature: &str) {
     );
     assert!(err.contains("the fix works"), "{err}");
     // Well below the computed size, the same command still fails.
-    let (out, r) = run_sized(&format!("{}M", rec / 2 >> 20), false, &cmd);
+    let (out, r) = run_sized(&format!("{}M", (rec / 2) >> 20), false, &cmd);
     assert!(
         !r["failures"].as_array().unwrap().is_empty(),
         "at half the size it should fail"
