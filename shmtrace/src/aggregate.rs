@@ -620,6 +620,9 @@ impl Aggregator {
                         signals::errno_text(errno)
                     ),
                     (_, "enospc") => match (bytes, f.mount.as_ref().and_then(|m| m.free_bytes)) {
+                        (Some(b), Some(free)) if human_bytes(b) == human_bytes(free) => format!(
+                            "{sc} asked for {b} bytes but the tmpfs had {free} bytes free (No space left on device)"
+                        ),
                         (Some(b), Some(free)) => format!(
                             "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
                             human_bytes(b),
