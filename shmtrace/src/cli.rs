@@ -22,7 +22,12 @@ it is 64 MiB by default, and jobs die with 'DataLoader worker (pid N) is killed
 by signal: Bus error' or 'unable to allocate shared memory(shm)'. The message
 names whichever worker the framework happened to check. shmtrace watches the
 kernel (eBPF on stable tracepoints) and reports the process that failed first,
-what it was writing, how full the tmpfs was, and every later failure.
+what it was writing, how full the tmpfs was, who held the bytes, every later
+failure, and the /dev/shm size that would have been enough.
+
+Modes: `run -- CMD` traces a command from its start; `--pid PID` attaches to
+a running job; with neither, shmtrace traces the whole node (every process,
+attributed to its container) until Ctrl-C, with a live view.
 
 Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE).";
 
@@ -61,7 +66,7 @@ pub struct OutputArgs {
     #[arg(long, value_name = "FILE", global = true)]
     pub events: Option<PathBuf>,
 
-    /// Do not print the summary on stderr.
+    /// Do not print the summary or the live view on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
