@@ -125,7 +125,15 @@ pub struct Aggregator {
     pub mount_stats: BTreeMap<u32, MountStat>,
     /// The last events on each tmpfs mount, by device.
     recent: HashMap<u32, std::collections::VecDeque<String>>,
+    /// Node-wide: let go of mount namespaces whose processes are all gone
+    /// (a long-running tracer must not keep dead containers' /dev/shm alive).
+    pub release_idle_namespaces: bool,
+    /// When each anchored namespace was last seen with a live process.
+    ns_last_alive: HashMap<u32, std::time::Instant>,
 }
+
+/// How long a namespace with no live process stays anchored (node-wide).
+const NS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 const RECENT: usize = 8;
 
@@ -166,6 +174,8 @@ impl Aggregator {
             containers: Containers::default(),
             mount_stats: BTreeMap::new(),
             recent: HashMap::new(),
+            release_idle_namespaces: false,
+            ns_last_alive: HashMap::new(),
         }
     }
 
@@ -347,9 +357,32 @@ impl Aggregator {
         );
     }
 
+    /// Node-wide: releases anchors of namespaces without live processes for
+    /// a grace period (kept that long so late failures there still resolve).
+    fn release_idle_namespaces(&mut self) {
+        let now = std::time::Instant::now();
+        let live: std::collections::HashSet<u32> = self
+            .procs
+            .values()
+            .filter(|p| p.alive())
+            .map(|p| p.mnt_ns)
+            .collect();
+        for (ns, _) in self.mounts.anchors.all() {
+            if live.contains(&ns) {
+                self.ns_last_alive.insert(ns, now);
+            } else if now.duration_since(*self.ns_last_alive.entry(ns).or_insert(now)) > NS_GRACE {
+                self.mounts.anchors.release(ns);
+                self.ns_last_alive.remove(&ns);
+            }
+        }
+    }
+
     /// The once-a-second refresh: tracked files' allocation, fd rescans,
     /// mount use and peaks, per-process totals and containers.
     pub fn tick(&mut self) {
+        if self.release_idle_namespaces {
+            self.release_idle_namespaces();
+        }
         let mounts = &self.mounts;
         self.attr
             .tick(&self.maps, |dev| mounts.by_dev(dev).is_some());

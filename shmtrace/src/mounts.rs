@@ -245,12 +245,27 @@ impl Anchors {
     }
 }
 
+impl Anchors {
+    /// Lets namespace `ns` go: its anchor exits, and the namespace (with a
+    /// private /dev/shm and the memory it holds) is freed once nothing else
+    /// uses it.
+    pub fn release(&mut self, ns: u32) {
+        if let Some(pid) = self.by_ns.remove(&ns) {
+            reap(pid);
+        }
+    }
+}
+
+fn reap(pid: u32) {
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(pid, None);
+}
+
 impl Drop for Anchors {
     fn drop(&mut self) {
         for &pid in self.by_ns.values() {
-            let pid = nix::unistd::Pid::from_raw(pid as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(pid, None);
+            reap(pid);
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::{
 
 pub async fn node_wide(outputs: Outputs) -> Result<i32> {
     let mut session = Session::start(outputs, true)?;
+    session.agg.release_idle_namespaces = true;
     let now = tracer::monotonic_ns();
     // Seed from /proc once: who maps or holds tmpfs files right now.
     let me = std::process::id();
