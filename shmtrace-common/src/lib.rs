@@ -80,6 +80,9 @@ pub enum EventKind {
     Open = 12,
     /// A traced process closed a tmpfs fd it had opened. `args[0]` = fd.
     Close = 13,
+    /// A traced process received file descriptors (SCM_RIGHTS) with
+    /// recvmsg: user space looks at its fds. `args[0]` = control bytes.
+    RecvFds = 14,
 }
 
 impl EventKind {
@@ -98,6 +101,7 @@ impl EventKind {
             11 => Self::Truncate,
             12 => Self::Open,
             13 => Self::Close,
+            14 => Self::RecvFds,
             _ => return None,
         })
     }
@@ -236,6 +240,7 @@ pub struct SyscallNrs {
     pub mremap: u32,
     pub munmap: u32,
     pub close: u32,
+    pub recvmsg: u32,
 }
 
 /// Run-time switches, passed in as a global.

@@ -66,6 +66,7 @@ static NRS: SyscallNrs = SyscallNrs {
     mremap: M,
     munmap: M,
     close: M,
+    recvmsg: M,
 };
 
 #[unsafe(no_mangle)]

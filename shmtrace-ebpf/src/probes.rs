@@ -198,8 +198,33 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         on_open(regs, nr, ret);
     } else if nr == nr!(close) {
         on_close(regs);
+    } else if nr == nr!(recvmsg) {
+        on_recvmsg(regs);
     }
     0
+}
+
+/// fds that arrive over a unix socket (how PyTorch passes its segments):
+/// only a recvmsg that returned control data (msg_controllen > 0 after the
+/// call) can carry SCM_RIGHTS, so only those are reported.
+#[inline(always)]
+fn on_recvmsg(regs: u64) {
+    let tgid = tgid();
+    if !emit::is_traced(tgid) {
+        return;
+    }
+    // struct user_msghdr: msg_controllen (a size_t) at byte 40 on 64-bit.
+    let msg = arg(regs, 1);
+    let controllen = unsafe { bpf_probe_read_user((msg + 40) as *const u64) }.unwrap_or(0);
+    if controllen == 0 {
+        return;
+    }
+    if let Some(mut e) = emit::start(Ring::Events, EventKind::RecvFds) {
+        let ev = emit::body(&mut e);
+        ev.syscall = nr!(recvmsg);
+        ev.args[0] = controllen;
+        e.submit(0);
+    }
 }
 
 /// Who holds tmpfs files by fd: opens of tmpfs files...

@@ -281,6 +281,8 @@ impl Aggregator {
                 self.ensure_mount(ev.file.dev, ev.mnt_ns, ev.tgid);
             }
             EventKind::Close => self.attr.closed(ev.tgid, ev.args[0] as i32),
+            // It may hold new tmpfs fds now: look at its fds on the next tick.
+            EventKind::RecvFds => self.attr.want_rescan(ev.tgid),
             EventKind::Map => {
                 let m = Mapping {
                     start: ev.ret as u64,

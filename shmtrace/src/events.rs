@@ -33,6 +33,7 @@ pub fn kind_name(k: EventKind) -> &'static str {
         EventKind::Truncate => "ftruncate",
         EventKind::Open => "open",
         EventKind::Close => "close",
+        EventKind::RecvFds => "recvmsg_fds",
     }
 }
 
@@ -159,6 +160,9 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         }
         Some(EventKind::Close) => {
             o.insert("fd".into(), json!(a[0]));
+        }
+        Some(EventKind::RecvFds) => {
+            o.insert("control_bytes".into(), json!(a[0]));
         }
         Some(EventKind::Truncate) => {
             o.insert("fd".into(), json!(a[0]));

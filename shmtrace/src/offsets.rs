@@ -162,6 +162,7 @@ pub fn syscall_nrs() -> SyscallNrs {
         mremap: n(libc::SYS_mremap),
         munmap: n(libc::SYS_munmap),
         close: n(libc::SYS_close),
+        recvmsg: n(libc::SYS_recvmsg),
     }
 }
 
@@ -184,6 +185,7 @@ pub fn syscall_name(nr: u32) -> &'static str {
         x if x == n.mremap => "mremap",
         x if x == n.munmap => "munmap",
         x if x == n.close => "close",
+        x if x == n.recvmsg => "recvmsg",
         _ => "?",
     }
 }

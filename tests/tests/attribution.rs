@@ -96,6 +96,13 @@ fn check_holders(r: &Value, t: &Value, with_allocated: bool) {
         "P2 holds the received file by its mapping",
     );
     near(&p3["held_bytes"], named, 1, "P3 holds the named file");
+    let p4 = proc_of(r, t["p4"].as_u64().unwrap());
+    near(
+        &p4["held_bytes"],
+        a3,
+        1,
+        "P4 holds the fd it received, unmapped",
+    );
     if with_allocated {
         near(
             &p1["allocated_bytes"],
@@ -166,11 +173,12 @@ fn three_holders_match_st_blocks_and_statfs_while_running_and_at_the_end() {
     let truth = first_json(&mut job);
     let r = report_until(&report, "P1's files", |r| {
         r["processes"].as_array().is_some_and(|ps| {
-            ps.iter()
-                .any(|p| p["pid"] == truth["p2"] && p["held_bytes"].as_i64() > Some(0))
-                && ps.iter().any(|p| {
-                    p["pid"] == truth["p1"] && p["held_bytes"].as_i64() > Some((6 << 20) - 4 * PAGE)
-                })
+            ["p2", "p4"].iter().all(|k| {
+                ps.iter()
+                    .any(|p| p["pid"] == truth[*k] && p["held_bytes"].as_i64() > Some(0))
+            }) && ps.iter().any(|p| {
+                p["pid"] == truth["p1"] && p["held_bytes"].as_i64() > Some((6 << 20) - 4 * PAGE)
+            })
         })
     });
     assert_eq!(r["mode"], "running");
@@ -227,7 +235,12 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
         .spawn()
         .unwrap();
     let r = report_until(&report, "the held bytes", |r| {
-        r["processes"].as_array().is_some_and(|ps| ps.len() >= 4)
+        r["processes"].as_array().is_some_and(|ps| {
+            ["p1", "p2", "p3", "p4"].iter().all(|k| {
+                ps.iter()
+                    .any(|p| p["pid"] == truth[*k] && p["held_bytes"].as_i64() > Some(0))
+            })
+        })
     });
     check_holders(&r, &truth, false);
     std::fs::write(&finish, "").unwrap();

@@ -2,7 +2,9 @@
  *   P1 creates, fills (write) and unlinks a1..a3 (1, 2, 3 MiB), keeps the fds,
  *      and sends a2's fd to P2 over a unix socket;
  *   P2 maps the received fd and closes it (holds a2 by its mapping only);
- *   P3 creates and fills a named file (4 MiB) and keeps its fd.
+ *   P3 creates and fills a named file (4 MiB) and keeps its fd;
+ *   P4 receives a3's fd from P1 and only holds it (no mapping, no syscall
+ *      on it: only the recvmsg shows it).
  * When all are set up, the main process prints the truth (pids, each file's
  * st_blocks, statfs use) as JSON, then everyone waits until FINISH_FILE
  * exists. */
@@ -68,12 +70,16 @@ static long long blocks(int fd) {
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: holders FINISH_FILE\n"); return 2; }
     finish = argv[1];
-    int sv[2], ready[2], report[2];
-    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) || pipe(ready) || pipe(report)) { perror("setup"); return 2; }
+    int sv[2], sv4[2], ready[2], report[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) || socketpair(AF_UNIX, SOCK_DGRAM, 0, sv4) || pipe(ready) || pipe(report)) {
+        perror("setup");
+        return 2;
+    }
     pid_t p1 = fork();
     if (p1 == 0) {
         int a1 = make("/dev/shm/a1", 1 << 20, 1), a2 = make("/dev/shm/a2", 2 << 20, 1), a3 = make("/dev/shm/a3", 3 << 20, 1);
         send_fd(sv[0], a2);
+        send_fd(sv4[0], a3);
         long long b[3] = { blocks(a1), blocks(a2), blocks(a3) };
         if (write(report[1], b, sizeof b) != sizeof b) exit(2);
         wait_finish();
@@ -86,6 +92,14 @@ int main(int argc, char **argv) {
         if (p == MAP_FAILED) { perror("mmap"); exit(2); }
         close(fd);
         if (write(ready[1], "2", 1) != 1) exit(2);
+        wait_finish();
+        _exit(0);
+    }
+    pid_t p4 = fork();
+    if (p4 == 0) {
+        int fd = recv_fd(sv4[1]);
+        (void)fd; /* held, never used */
+        if (write(ready[1], "4", 1) != 1) exit(2);
         wait_finish();
         _exit(0);
     }
@@ -107,7 +121,7 @@ int main(int argc, char **argv) {
         if (n <= 0) { perror("report"); return 2; }
         got += (size_t)n;
     }
-    if (read(ready[0], &c, 1) != 1) return 2;
+    if (read(ready[0], &c, 1) != 1 || read(ready[0], &c, 1) != 1) return 2;
     /* Pipe writes of <= PIPE_BUF are atomic: find which block is whose. */
     if (((long long *)buf)[0] == 4 << 20 && ((long long *)buf)[1] != 4 << 20) {
         b3 = ((long long *)buf)[0];
@@ -118,8 +132,8 @@ int main(int argc, char **argv) {
     }
     struct statfs st;
     statfs("/dev/shm", &st);
-    printf("{\"p1\":%d,\"p2\":%d,\"p3\":%d,\"a1\":%lld,\"a2\":%lld,\"a3\":%lld,\"named\":%lld,\"used\":%lld}\n",
-           p1, p2, p3, b1[0], b1[1], b1[2], b3, (long long)(st.f_blocks - st.f_bfree) * st.f_bsize);
+    printf("{\"p1\":%d,\"p2\":%d,\"p3\":%d,\"p4\":%d,\"a1\":%lld,\"a2\":%lld,\"a3\":%lld,\"named\":%lld,\"used\":%lld}\n",
+           p1, p2, p3, p4, b1[0], b1[1], b1[2], b3, (long long)(st.f_blocks - st.f_bfree) * st.f_bsize);
     fflush(stdout);
     wait_finish();
     while (wait(NULL) > 0) {}
