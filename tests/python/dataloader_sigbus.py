@@ -46,8 +46,8 @@ if __name__ == "__main__":
     for batch in loader:
         kept.append(batch)  # a training loop that keeps its batches alive
         print(f"batch {len(kept)}", flush=True)
-        if BUSY and len(kept) == 2:
-            # One long native call (about 2 s here): Python runs no signal
-            # handler until it returns.
-            x = torch.ones(1600, 1600)
+        if BUSY and len(kept) == 1:
+            # One long native call (about 3 s here), started before worker 1
+            # can fail: Python runs no signal handler until it returns.
+            x = torch.ones(1800, 1800)
             torch.mm(x, x)
