@@ -390,6 +390,27 @@ impl Aggregator {
             .tick(&self.maps, |dev| mounts.by_dev(dev).is_some());
         let mut devs = self.attr.devs();
         devs.extend(self.touched_mounts.keys().copied());
+        // Every known namespace's /dev/shm, files or not: its size matters
+        // before anything fills it.
+        let mut namespaces: Vec<u32> = self
+            .mounts
+            .anchors
+            .all()
+            .into_iter()
+            .map(|(ns, _)| ns)
+            .collect();
+        namespaces.push(self.self_ns);
+        for ns in namespaces {
+            if let Some(m) = self
+                .mounts
+                .for_path(ns, "/dev/shm")
+                .filter(|m| m.is_tmpfs() && m.mountpoint == "/dev/shm")
+            {
+                devs.insert(m.dev);
+            }
+        }
+        // Mounts of namespaces let go (node-wide) leave the metrics.
+        self.mount_stats.retain(|d, _| devs.contains(d));
         for dev in devs {
             let Some(m) = self.mounts.by_dev(dev).cloned() else {
                 continue;

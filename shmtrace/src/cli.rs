@@ -80,6 +80,12 @@ pub struct OutputArgs {
     /// mounts with their use, top holders, recent failures, once a second.
     #[arg(long, global = true)]
     pub live: bool,
+
+    /// Node-wide: serve Prometheus metrics (and /healthz) on ADDR, e.g.
+    /// 0.0.0.0:9464: /dev/shm size, use and peak per mount, bytes held per
+    /// container, failures by reason, lost events.
+    #[arg(long, value_name = "ADDR", global = true)]
+    pub metrics: Option<String>,
 }
 
 impl OutputArgs {
@@ -90,6 +96,7 @@ impl OutputArgs {
             quiet: self.quiet,
             events_ring: Some(self.events_ring),
             live: self.live,
+            metrics: self.metrics.clone(),
         }
     }
 }

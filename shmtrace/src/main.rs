@@ -13,6 +13,7 @@ mod doctor;
 mod escape;
 mod events;
 mod live;
+mod metrics;
 mod mounts;
 mod node;
 mod offsets;

@@ -4,14 +4,27 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    signal::unix::{SignalKind, signal},
+};
 
 use crate::{
+    metrics,
     session::{Outputs, Session},
     tracer,
 };
 
+/// A connection on the metrics port, or never when there is none.
+async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
 pub async fn node_wide(outputs: Outputs) -> Result<i32> {
+    let metrics_addr = outputs.metrics.clone();
     let mut session = Session::start(outputs, true)?;
     session.agg.release_idle_namespaces = true;
     let now = tracer::monotonic_ns();
@@ -29,12 +42,26 @@ pub async fn node_wide(outputs: Outputs) -> Result<i32> {
         }
     }
     eprintln!("shmtrace: tracing every process on this node; Ctrl-C to stop");
+    let listener = match &metrics_addr {
+        Some(a) => Some(metrics::bind(a).await?),
+        None => None,
+    };
+    if let Some(a) = &metrics_addr {
+        eprintln!("shmtrace: metrics on http://{a}/metrics");
+    }
+    let mut names = metrics::PodNames::default();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
+            conn = accept(listener.as_ref()) => {
+                if let Ok((stream, _)) = conn {
+                    let body = metrics::render(&session.agg, session.tracer.lost(), &mut names);
+                    tokio::spawn(metrics::answer(stream, body));
+                }
+            }
             _ = session.step(Duration::from_millis(200)) => {}
         }
     }

@@ -28,6 +28,8 @@ pub struct Outputs {
     pub events_ring: Option<u32>,
     /// Show the live view (top-like on a terminal, a line a second otherwise).
     pub live: bool,
+    /// Serve Prometheus metrics on this address (node-wide mode).
+    pub metrics: Option<String>,
 }
 
 pub struct Session {

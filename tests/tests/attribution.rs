@@ -249,6 +249,18 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// GET http://127.0.0.1:PORT/PATH, body only.
+fn http_get(port: u32, path: &str) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).expect("metrics port");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
 struct Pod {
     cgroup: PathBuf,
     uid: &'static str,
@@ -320,8 +332,19 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
         "7b1e2d3c-2222-4f5a-8b6c-9d0e1f2a3b4c",
         "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
     );
+    // The kubelet's log links name pod A's container (B has none).
+    let kubelet = Path::new("/var/log/containers");
+    std::fs::create_dir_all(kubelet).unwrap();
+    let link = kubelet.join(format!("trainer-0_ml-team_loader-{}.log", a.id));
+    let _ = std::os::unix::fs::symlink("/dev/null", &link);
+    let port = 19000 + std::process::id() % 1000;
     let mut tracer = Command::new(shmtrace())
-        .args(["--quiet", "--report"])
+        .args([
+            "--quiet",
+            "--metrics",
+            &format!("127.0.0.1:{port}"),
+            "--report",
+        ])
         .arg(&report)
         .stderr(Stdio::piped())
         .spawn()
@@ -371,6 +394,52 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
         .filter(|m| m["mountpoint"] == "/dev/shm")
         .filter_map(|m| m["size_bytes"].as_i64())
         .collect();
+
+    // The same numbers as Prometheus metrics, with names from the kubelet.
+    let metrics = http_get(port, "/metrics");
+    let held = |sel: &str| -> i64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("shmtrace_container_shm_held_bytes{") && l.contains(sel))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no held bytes for {sel}:\n{metrics}"))
+    };
+    near(
+        &Value::from(held(
+            r#"namespace="ml-team",pod="trainer-0",container="loader""#,
+        )),
+        ta["blocks"].as_i64().unwrap(),
+        1,
+        "metric, pod A by name",
+    );
+    near(
+        &Value::from(held(&format!("pod=\"{}\"", b.uid))),
+        tb["blocks"].as_i64().unwrap(),
+        1,
+        "metric, pod B by UID",
+    );
+    assert!(
+        metrics.contains(&format!(
+            "shmtrace_tmpfs_size_bytes{{mountpoint=\"/dev/shm\""
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("shmtrace_tmpfs_size_bytes")
+                && l.contains("trainer-0")
+                && l.ends_with(" 16777216")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("shmtrace_events_lost_total{stage=\"events_ring\"} 0"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("pid="), "no pid labels");
+    assert_eq!(http_get(port, "/healthz").trim(), "ok");
+    let _ = std::fs::remove_file(&link);
     assert!(
         sizes.contains(&(16 << 20)) && sizes.contains(&(32 << 20)),
         "{mounts:?}"

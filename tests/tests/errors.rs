@@ -235,3 +235,38 @@ fn hostile_names_are_escaped_everywhere() {
     // Every --events line is valid JSON with the escaped forms.
     assert!(t.events.iter().any(|e| e["comm"] == "ev\\x0a\\x1b[2Jil"));
 }
+
+#[test]
+fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
+    // Its container args, read by a YAML parser, in front of `doctor`
+    // (which parses every global flag, then checks this machine).
+    let manifest = root_dir().join("deploy/daemonset.yaml");
+    let args = Command::new("/usr/bin/python3")
+        .args(["-c", "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); print('\\n'.join(d['spec']['template']['spec']['containers'][0]['args']))"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    assert!(
+        args.status.success(),
+        "{}",
+        String::from_utf8_lossy(&args.stderr)
+    );
+    let args: Vec<String> = String::from_utf8_lossy(&args.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    assert!(args.iter().any(|a| a == "--metrics"), "{args:?}");
+    let dir = scratch("manifest");
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.replace("/var/lib/shmtrace", &dir.display().to_string()))
+        .collect();
+    let _lock = bpf_lock(false);
+    let o = Command::new(shmtrace())
+        .args(&args)
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(dir);
+}
