@@ -420,9 +420,7 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
         "metric, pod B by UID",
     );
     assert!(
-        metrics.contains(&format!(
-            "shmtrace_tmpfs_size_bytes{{mountpoint=\"/dev/shm\""
-        )),
+        metrics.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\""),
         "{metrics}"
     );
     assert!(
