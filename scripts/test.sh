@@ -16,6 +16,8 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --release --locked --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# A failed test may leave a workload waiting for its finish file.
+pkill -f "$PWD/target/test-workloads/" 2>/dev/null || true
 set -e
 # One closing line for the whole suite.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "shmtrace suite: %d passed, %d failed\n", p, f }' "$log"

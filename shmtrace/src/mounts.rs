@@ -142,11 +142,17 @@ impl MountTables {
         true
     }
 
-    /// The namespace whose table holds tmpfs `dev` (where to measure it).
+    /// A namespace where tmpfs `dev` is visible at its mountpoint (where to
+    /// measure it): copies of a namespace also list mounts that a later
+    /// mount on the same point hides.
     pub fn ns_of_dev(&self, dev: u32) -> Option<u32> {
         self.by_ns
             .iter()
-            .find(|(_, ms)| ms.iter().any(|m| m.dev == dev))
+            .find(|(ns, ms)| {
+                ms.iter().any(|m| {
+                    m.dev == dev && self.for_path(**ns, &m.mountpoint).map(|t| t.dev) == Some(dev)
+                })
+            })
             .map(|(&ns, _)| ns)
     }
 

@@ -227,3 +227,37 @@ pub fn pids(v: &Value) -> Vec<u64> {
         .map(|p| p.as_u64().expect("pid"))
         .collect()
 }
+
+/// Cleans up after a test even when it panics: creates the `finish` file
+/// its workloads wait for, and interrupts the processes it started, so no
+/// stray process outlives the test (nor holds the test runner's pipes).
+pub struct Cleanup {
+    pub finish: Option<PathBuf>,
+    pub pids: Vec<u32>,
+}
+
+impl Cleanup {
+    pub fn new(finish: Option<PathBuf>) -> Self {
+        Self {
+            finish,
+            pids: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(f) = &self.finish {
+            let _ = std::fs::write(f, "");
+        }
+        for &pid in &self.pids {
+            // Only ours: the pid may have been reused since it exited.
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let ours = String::from_utf8_lossy(&cmd);
+            if ours.contains("shmtrace") || ours.contains("test-workloads") {
+                // SAFETY: plain kill(2).
+                unsafe { libc::kill(pid as i32, libc::SIGINT) };
+            }
+        }
+    }
+}

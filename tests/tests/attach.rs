@@ -46,6 +46,9 @@ fn pid_catches_a_failure_in_a_child_forked_after_attach() {
         .spawn()
         .unwrap();
     let pid: i32 = wait_for_file(&pidfile).parse().unwrap();
+    // If the test fails midway, let the job go on and exit by itself.
+    let mut cleanup = Cleanup::new(None);
+    cleanup.pids.push(pid as u32);
 
     let mut tracer = Command::new(shmtrace())
         .args(["--pid", &pid.to_string(), "--report"])

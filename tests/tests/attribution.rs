@@ -73,6 +73,16 @@ fn first_json(child: &mut Child) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|_| panic!("workload said: {line}"))
 }
 
+/// The job's private 32 MiB /dev/shm (the host's is listed too).
+fn job_mount(r: &Value) -> &Value {
+    r["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountpoint"] == "/dev/shm" && m["size_bytes"] == 32 << 20)
+        .unwrap_or_else(|| panic!("no 32 MiB /dev/shm in {}", r["mounts"]))
+}
+
 fn check_holders(r: &Value, t: &Value, with_allocated: bool) {
     let (a1, a2, a3, named) = (
         t["a1"].as_i64().unwrap(),
@@ -118,12 +128,7 @@ fn check_holders(r: &Value, t: &Value, with_allocated: bool) {
             "P3 allocated the named file",
         );
     }
-    let m = r["mounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == "/dev/shm")
-        .expect("the mount");
+    let m = job_mount(r);
     near(
         &m["used_bytes"],
         t["used"].as_i64().unwrap(),
@@ -159,6 +164,7 @@ fn three_holders_match_st_blocks_and_statfs_while_running_and_at_the_end() {
     let (finish, report) = (dir.join("finish"), dir.join("r.json"));
     require_root();
     let _lock = bpf_lock(false);
+    let _cleanup = Cleanup::new(Some(finish.clone()));
     let mut job = Command::new(shmtrace())
         .args(["run", "--quiet", "--report"])
         .arg(&report)
@@ -204,12 +210,7 @@ fn three_holders_match_st_blocks_and_statfs_while_running_and_at_the_end() {
         3,
         "P1 allocated peak",
     );
-    let m = r["mounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountpoint"] == "/dev/shm")
-        .unwrap();
+    let m = job_mount(&r);
     near(
         &m["peak_used_bytes"],
         truth["used"].as_i64().unwrap(),
@@ -226,6 +227,7 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
     let (finish, report) = (dir.join("finish"), dir.join("r.json"));
     require_root();
     let _lock = bpf_lock(false);
+    let mut cleanup = Cleanup::new(Some(finish.clone()));
     let mut job = start_holders(&exe, &finish);
     let truth = first_json(&mut job);
     let main = job.id();
@@ -234,6 +236,7 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
         .arg(&report)
         .spawn()
         .unwrap();
+    cleanup.pids.push(tracer.id());
     let r = report_until(&report, "the held bytes", |r| {
         r["processes"].as_array().is_some_and(|ps| {
             ["p1", "p2", "p3", "p4"].iter().all(|k| {
@@ -338,6 +341,7 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
     let link = kubelet.join(format!("trainer-0_ml-team_loader-{}.log", a.id));
     let _ = std::os::unix::fs::symlink("/dev/null", &link);
     let port = 19000 + std::process::id() % 1000;
+    let mut cleanup = Cleanup::new(Some(finish.clone()));
     let mut tracer = Command::new(shmtrace())
         .args([
             "--quiet",
@@ -349,6 +353,7 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    cleanup.pids.push(tracer.id());
     let mut line = String::new();
     BufReader::new(tracer.stderr.as_mut().unwrap())
         .read_line(&mut line)
@@ -462,6 +467,7 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
     let exe = workload("holders");
     let dir = scratch("live");
     let finish = dir.join("finish");
+    let mut cleanup = Cleanup::new(Some(finish.clone()));
     let mut job = start_holders(&exe, &finish);
     let _truth = first_json(&mut job);
     let pid = job.id();
@@ -505,6 +511,7 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    cleanup.pids.push(tracer.id());
     std::thread::sleep(Duration::from_millis(2500));
     std::fs::write(&finish, "").unwrap();
     job.wait().unwrap();
