@@ -4,9 +4,11 @@ second batch), and dies of SIGBUS while filling its batch.
 
     python3 dataloader_sigbus.py TRUTH_FILE LIBSIGBUS_TRUTH [busy]
 
-With "busy", the main process is in a long native computation (a training
-step) when worker 1 dies, and worker 0 dies soon after: by the time PyTorch
-checks, both are dead, and it names the lowest pid, worker 0.
+With "busy", the order is pinned down: the main process takes batches 0
+and 1 (so they stay allocated whoever dies) and enters native code (standing for a long training step) until both workers
+have recorded their SIGBUS; worker 1 starts its failing batch only once the
+main process is busy, and worker 0 only once worker 1 has failed. When
+PyTorch finally checks, both are dead, and it names the lowest pid: worker 0.
 """
 import ctypes
 import os
@@ -27,9 +29,21 @@ class Images(Dataset):
 
     def __getitem__(self, i):
         info = torch.utils.data.get_worker_info()
+        if BUSY and info.id == 1 and i == 3 * BATCH:
+            wait_until(lambda: os.path.exists(TRUTH + ".busy"))
         if info.id == 0 and i == 2 * BATCH:
-            time.sleep(0.6 if BUSY else 1.5)
+            if BUSY:
+                wait_until(lambda: os.path.exists(TRUTH) and os.path.getsize(TRUTH) > 0)
+            else:
+                time.sleep(1.5)
         return torch.ones(3, 256, 256)
+
+
+def wait_until(cond):
+    for _ in range(2000):
+        if cond():
+            return
+        time.sleep(0.01)
 
 
 def init(worker_id):
@@ -46,8 +60,8 @@ if __name__ == "__main__":
     for batch in loader:
         kept.append(batch)  # a training loop that keeps its batches alive
         print(f"batch {len(kept)}", flush=True)
-        if BUSY and len(kept) == 1:
-            # One long native call (about 3 s here), started before worker 1
-            # can fail: Python runs no signal handler until it returns.
-            x = torch.ones(1800, 1800)
-            torch.mm(x, x)
+        if BUSY and len(kept) == 2:
+            # Native code until both workers' handlers have recorded their
+            # SIGBUS: Python runs no signal handler until it returns.
+            open(TRUTH + ".busy", "w").close()
+            ctypes.CDLL(LIB).wait_records(TRUTH.encode(), 2, 20000, 500)

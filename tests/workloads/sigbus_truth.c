@@ -43,3 +43,25 @@ int install(const char *path) {
     sigemptyset(&sa.sa_mask);
     return sigaction(SIGBUS, &sa, &previous);
 }
+
+/* Blocks in native code (so Python runs no signal handler meanwhile) until
+ * PATH holds N records or TIMEOUT_MS passes, then SETTLE_MS more (a worker
+ * records its SIGBUS before it dies of it). Returns the records seen. */
+int wait_records(const char *path, int n, int timeout_ms, int settle_ms) {
+    int lines = 0;
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        lines = 0;
+        if (fd >= 0) {
+            char buf[4096];
+            ssize_t got;
+            while ((got = read(fd, buf, sizeof buf)) > 0)
+                for (ssize_t i = 0; i < got; i++) lines += buf[i] == '\n';
+            close(fd);
+        }
+        if (lines >= n) break;
+        usleep(10000); /* a signal may cut it short: the loop goes on */
+    }
+    for (int waited = 0; waited < settle_ms; waited += 10) usleep(10000);
+    return lines;
+}
