@@ -31,6 +31,9 @@ pub struct Diagnosis {
     pub kubernetes: Option<String>,
     /// The DataLoader settings that would fit the current size instead.
     pub dataloader: Option<String>,
+    /// When a bigger /dev/shm may not be the fix: one process that did not
+    /// fail held most of the bytes (a consumer keeping every batch alive).
+    pub caveat: Option<String>,
 }
 
 /// PyTorch leaves its fingerprints on file names and process names.
@@ -128,12 +131,18 @@ pub fn diagnose(r: &Report) -> Option<Diagnosis> {
         2 => summary.push_str(" 1 more failure followed."),
         n => summary.push_str(&format!(" {} more failures followed.", n - 1)),
     }
-    if let Some(rec) = recommended {
-        summary.push_str(&format!(
+    let caveat = hoarder(r, pytorch);
+    match (recommended, &caveat) {
+        (Some(rec), None) => summary.push_str(&format!(
             " A /dev/shm of {} should be enough ({}).",
             human_mib(rec),
             basis.as_deref().unwrap_or("")
-        ));
+        )),
+        (Some(rec), Some(_)) => summary.push_str(&format!(
+            " A /dev/shm of {} would cover what was asked at that moment; see the caveat.",
+            human_mib(rec)
+        )),
+        _ => {}
     }
     Some(Diagnosis {
         signature,
@@ -146,7 +155,36 @@ pub fn diagnose(r: &Report) -> Option<Diagnosis> {
         docker: recommended.map(|b| format!("docker run --shm-size={}m ...", b / MIB)),
         kubernetes: recommended.map(|b| kubernetes_snippet(b / MIB)),
         dataloader: fits,
+        caveat,
     })
+}
+
+/// A process that did not fail but held more than half of the mount's use
+/// at the first failure. In a PyTorch DataLoader the main process holding
+/// prefetched batches, and workers holding the batch they made, is the
+/// design, not a hoard: not flagged.
+fn hoarder(r: &Report, pytorch: bool) -> Option<String> {
+    let first = r.first_failure.as_ref()?;
+    let used = first.mount.as_ref()?.used_bytes?;
+    let h = first
+        .holders
+        .iter()
+        .find(|h| h.pid != first.pid && h.held_bytes * 2 > used)?;
+    let sibling = r
+        .processes
+        .iter()
+        .any(|p| p.pid == h.pid && p.ppid == first.ppid);
+    if pytorch && (h.pid == first.ppid || sibling) {
+        return None;
+    }
+    Some(format!(
+        "pid {} ({}) held {} of the {} in use without failing itself: if it keeps every segment it \
+         receives, a bigger /dev/shm only postpones the failure (--verify tells)",
+        h.pid,
+        h.comm,
+        human_bytes(h.held_bytes),
+        human_bytes(used)
+    ))
 }
 
 fn pytorch_messages(

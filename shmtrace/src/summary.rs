@@ -198,6 +198,9 @@ pub fn render(r: &Report) -> String {
         if let Some(dl) = &d.dataloader {
             let _ = writeln!(s, "    or           {dl}");
         }
+        if let Some(c) = &d.caveat {
+            let _ = writeln!(s, "  caveat         {c}");
+        }
     }
     if let Some(f) = r
         .first_failure

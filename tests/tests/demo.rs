@@ -51,5 +51,13 @@ fn demo_reproduces_and_names_the_first_failing_worker() {
         stderr.contains("the first process to fail was pid"),
         "{stderr}"
     );
+    // The trainer keeps every batch: the diagnosis says a bigger /dev/shm
+    // would not be the fix.
+    let d = &r["diagnosis"];
+    assert_eq!(d["signature"], "shm:sigbus");
+    assert!(
+        d["caveat"].as_str().unwrap_or("").contains("demo_trainer"),
+        "{d}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

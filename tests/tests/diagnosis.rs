@@ -60,6 +60,10 @@ fn size_and_verify(python: &str, args: &str, signature: &str) {
             .contains(&format!("sizeLimit: {}Mi", rec >> 20))
     );
     assert!(d["dataloader"].as_str().unwrap().contains("num_workers"));
+    assert!(
+        d["caveat"].is_null(),
+        "a DataLoader main holding its prefetched batches is no hoard: {d}"
+    );
     // --verify: the rerun at that size did not fail on shared memory.
     assert_eq!(r["verify"]["shm_size_bytes"].as_u64(), Some(rec));
     assert_eq!(r["verify"]["failure_gone"], true, "{err}");
