@@ -125,15 +125,13 @@ pub struct Aggregator {
     pub mount_stats: BTreeMap<u32, MountStat>,
     /// The last events on each tmpfs mount, by device.
     recent: HashMap<u32, std::collections::VecDeque<String>>,
-    /// Node-wide: let go of mount namespaces whose processes are all gone
-    /// (a long-running tracer must not keep dead containers' /dev/shm alive).
-    pub release_idle_namespaces: bool,
+    /// Node-wide: let go of mount namespaces whose processes have all been
+    /// gone this long (a long-running tracer must not keep dead containers'
+    /// /dev/shm alive). None: keep them until shmtrace exits.
+    pub release_idle_namespaces: Option<std::time::Duration>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, std::time::Instant>,
 }
-
-/// How long a namespace with no live process stays anchored (node-wide).
-const NS_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 const RECENT: usize = 8;
 
@@ -174,7 +172,7 @@ impl Aggregator {
             containers: Containers::default(),
             mount_stats: BTreeMap::new(),
             recent: HashMap::new(),
-            release_idle_namespaces: false,
+            release_idle_namespaces: None,
             ns_last_alive: HashMap::new(),
         }
     }
@@ -361,7 +359,7 @@ impl Aggregator {
 
     /// Node-wide: releases anchors of namespaces without live processes for
     /// a grace period (kept that long so late failures there still resolve).
-    fn release_idle_namespaces(&mut self) {
+    fn release_idle_namespaces(&mut self, grace: std::time::Duration) {
         let now = std::time::Instant::now();
         let live: std::collections::HashSet<u32> = self
             .procs
@@ -372,9 +370,13 @@ impl Aggregator {
         for (ns, _) in self.mounts.anchors.all() {
             if live.contains(&ns) {
                 self.ns_last_alive.insert(ns, now);
-            } else if now.duration_since(*self.ns_last_alive.entry(ns).or_insert(now)) > NS_GRACE {
+            } else if now.duration_since(*self.ns_last_alive.entry(ns).or_insert(now)) > grace {
                 self.mounts.anchors.release(ns);
                 self.ns_last_alive.remove(&ns);
+                // Its own tmpfs mounts die with it: stop tracking their files.
+                for dev in self.mounts.forget_ns(ns) {
+                    self.attr.forget_dev(dev);
+                }
             }
         }
     }
@@ -382,8 +384,8 @@ impl Aggregator {
     /// The once-a-second refresh: tracked files' allocation, fd rescans,
     /// mount use and peaks, per-process totals and containers.
     pub fn tick(&mut self) {
-        if self.release_idle_namespaces {
-            self.release_idle_namespaces();
+        if let Some(grace) = self.release_idle_namespaces {
+            self.release_idle_namespaces(grace);
         }
         let mounts = &self.mounts;
         self.attr

@@ -166,6 +166,13 @@ impl Attribution {
         self.rescan.insert(child);
     }
 
+    /// The tmpfs `kdev` is gone (its namespace was let go): drop its files.
+    pub fn forget_dev(&mut self, kdev: u32) {
+        self.files.retain(|_, f| f.kdev != kdev);
+        let files = &self.files;
+        self.fd_index.retain(|_, key| files.contains_key(key));
+    }
+
     pub fn want_rescan(&mut self, pid: u32) {
         self.rescan.insert(pid);
     }

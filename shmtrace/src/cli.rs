@@ -86,6 +86,11 @@ pub struct OutputArgs {
     /// container, failures by reason, lost events.
     #[arg(long, value_name = "ADDR", global = true)]
     pub metrics: Option<String>,
+
+    /// Node-wide: seconds a container's mount namespace (and its /dev/shm)
+    /// stays watched after its last process exits.
+    #[arg(long, value_name = "SECONDS", global = true, default_value_t = 30)]
+    pub ns_grace: u64,
 }
 
 impl OutputArgs {
@@ -168,6 +173,7 @@ pub enum Cmd {
 
 pub async fn dispatch(cli: Cli) -> Result<i32> {
     let outputs = cli.out.outputs();
+    let ns_grace = cli.out.ns_grace;
     match (cli.command, cli.pid) {
         (Some(_), Some(_)) => {
             Err(Fail::new(2, "--pid cannot be combined with a subcommand").into())
@@ -236,10 +242,13 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
         (Some(Cmd::Doctor), None) => crate::doctor::doctor().await,
         (None, None) => {
-            node::node_wide(Outputs {
-                live: true,
-                ..outputs
-            })
+            node::node_wide(
+                Outputs {
+                    live: true,
+                    ..outputs
+                },
+                ns_grace,
+            )
             .await
         }
     }

@@ -142,6 +142,25 @@ impl MountTables {
         true
     }
 
+    /// Drops namespace `ns`'s table; returns the tmpfs devices that only it
+    /// had (gone with it).
+    pub fn forget_ns(&mut self, ns: u32) -> Vec<u32> {
+        let Some(mounts) = self.by_ns.remove(&ns) else {
+            return Vec::new();
+        };
+        mounts
+            .into_iter()
+            .filter(|m| {
+                m.is_tmpfs()
+                    && !self
+                        .by_ns
+                        .values()
+                        .any(|ms| ms.iter().any(|o| o.dev == m.dev))
+            })
+            .map(|m| m.dev)
+            .collect()
+    }
+
     /// A namespace where tmpfs `dev` is visible at its mountpoint (where to
     /// measure it): copies of a namespace also list mounts that a later
     /// mount on the same point hides.

@@ -23,10 +23,12 @@ async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net
     }
 }
 
-pub async fn node_wide(outputs: Outputs) -> Result<i32> {
+/// `ns_grace`: seconds a mount namespace stays anchored after its last
+/// process exits (late events there still resolve), then it is let go.
+pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     let metrics_addr = outputs.metrics.clone();
     let mut session = Session::start(outputs, true)?;
-    session.agg.release_idle_namespaces = true;
+    session.agg.release_idle_namespaces = Some(Duration::from_secs(ns_grace));
     let now = tracer::monotonic_ns();
     // Seed from /proc once: who maps or holds tmpfs files right now.
     let me = std::process::id();

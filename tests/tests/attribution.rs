@@ -531,3 +531,83 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// shmtrace's anchor processes (one per watched mount namespace).
+fn anchors_of(tracer: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|s| {
+            let after = s.rsplit(')').next().unwrap_or("");
+            s.contains("(shmtrace-anchor)")
+                && after.split_whitespace().nth(1) == Some(&tracer.to_string())
+        })
+        .count()
+}
+
+#[test]
+fn node_wide_lets_go_of_a_finished_containers_namespace() {
+    require_root();
+    // Alone: a node-wide tracer anchors other tests' namespaces too.
+    let _lock = bpf_lock(true);
+    let dir = scratch("ns-release");
+    let (finish, report) = (dir.join("finish"), dir.join("r.json"));
+    let mut cleanup = Cleanup::new(Some(finish.clone()));
+    let mut tracer = Command::new(shmtrace())
+        .args(["--quiet", "--ns-grace", "1", "--report"])
+        .arg(&report)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.pids.push(tracer.id());
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+
+    // Namespaces of other processes on this machine stay anchored.
+    std::thread::sleep(Duration::from_millis(1500));
+    let baseline = anchors_of(tracer.id());
+    let exe = workload("hold");
+    let argv = in_private_ns(&format!(
+        "mount -t tmpfs -o size=24m tmpfs /dev/shm && exec {} /dev/shm/data 3 {}",
+        exe.display(),
+        finish.display()
+    ));
+    let mut job = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _truth = first_json(&mut job);
+    let has_mount = |r: &Value| {
+        r["mounts"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["size_bytes"] == 24 << 20))
+    };
+    report_until(&report, "the job's 24 MiB /dev/shm", has_mount);
+    assert_eq!(
+        anchors_of(tracer.id()),
+        baseline + 1,
+        "its namespace is anchored while it runs"
+    );
+
+    std::fs::write(&finish, "").unwrap();
+    job.wait().unwrap();
+    // After the grace period the namespace is let go: no anchor, no mount.
+    report_until(&report, "the mount gone", |r| !has_mount(r));
+    let start = Instant::now();
+    while anchors_of(tracer.id()) > baseline {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "anchor still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
