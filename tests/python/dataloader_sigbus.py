@@ -1,6 +1,7 @@
 """Debian's PyTorch 1.13: a DataLoader whose kept batches outgrow a 64 MiB
-/dev/shm. Worker 1 meets the full tmpfs first (worker 0 holds back its
-second batch), and dies of SIGBUS while filling its batch.
+/dev/shm. Worker 1 meets the full tmpfs first (it starts its second batch
+once the main process holds batches 0 and 1; worker 0 holds back its second
+batch), and dies of SIGBUS while filling it.
 
     python3 dataloader_sigbus.py TRUTH_FILE LIBSIGBUS_TRUTH [busy]
 
@@ -29,8 +30,9 @@ class Images(Dataset):
 
     def __getitem__(self, i):
         info = torch.utils.data.get_worker_info()
-        if BUSY and info.id == 1 and i == 3 * BATCH:
-            wait_until(lambda: os.path.exists(TRUTH + ".busy"))
+        if info.id == 1 and i == 3 * BATCH:
+            # Batches 0 and 1 are complete and with the main process first.
+            wait_until(lambda: os.path.exists(TRUTH + ".ready"))
         if info.id == 0 and i == 2 * BATCH:
             if BUSY:
                 wait_until(lambda: os.path.exists(TRUTH) and os.path.getsize(TRUTH) > 0)
@@ -60,8 +62,9 @@ if __name__ == "__main__":
     for batch in loader:
         kept.append(batch)  # a training loop that keeps its batches alive
         print(f"batch {len(kept)}", flush=True)
+        if len(kept) == 2:
+            open(TRUTH + ".ready", "w").close()
         if BUSY and len(kept) == 2:
             # Native code until both workers' handlers have recorded their
             # SIGBUS: Python runs no signal handler until it returns.
-            open(TRUTH + ".busy", "w").close()
             ctypes.CDLL(LIB).wait_records(TRUTH.encode(), 2, 20000, 500)
