@@ -74,6 +74,21 @@ fn identity(user: Option<&str>) -> Result<Option<Identity>> {
 
 /// `run`, and with `--verify` the control rerun at the computed size.
 pub async fn run(opts: RunOpts) -> Result<i32> {
+    if opts.mode == "demo" {
+        // The demo succeeds when it reproduced a failure and diagnosed it.
+        let (report, code) = run_once(&opts, opts.shm_size, opts.outputs.clone()).await?;
+        return Ok(if report.first_failure.is_some() {
+            eprintln!(
+                "shmtrace demo: reproduced and diagnosed (the demo job itself exited with status {code}, as a failing training job does)"
+            );
+            0
+        } else {
+            eprintln!(
+                "shmtrace demo: the job did not run out of shared memory this time (exit {code})"
+            );
+            1
+        });
+    }
     if !opts.verify {
         return Ok(run_once(&opts, opts.shm_size, opts.outputs.clone())
             .await?
