@@ -131,6 +131,8 @@ pub struct Aggregator {
     pub release_idle_namespaces: Option<std::time::Duration>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, std::time::Instant>,
+    /// shmem devices found in no mount table (memfd, SysV shm).
+    unmounted: std::collections::HashSet<u32>,
 }
 
 const RECENT: usize = 8;
@@ -174,6 +176,7 @@ impl Aggregator {
             recent: HashMap::new(),
             release_idle_namespaces: None,
             ns_last_alive: HashMap::new(),
+            unmounted: std::collections::HashSet::new(),
         }
     }
 
@@ -444,8 +447,7 @@ impl Aggregator {
         }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         for pid in pids {
-            let (a, h) = (self.attr.allocated_bytes(pid), self.attr.held_bytes(pid));
-            let (pa, ph) = self.attr.peaks.get(&pid).copied().unwrap_or_default();
+            let b = self.attr.bytes.get(&pid).copied().unwrap_or_default();
             let alive = self.procs.get(&pid).is_some_and(|p| p.alive());
             let cgid = self.procs.get(&pid).map(|p| p.cgroup_id).unwrap_or(0);
             let container = match self.containers.of_id(cgid).cloned() {
@@ -454,10 +456,10 @@ impl Aggregator {
                 None => self.containers.get(pid).cloned(),
             };
             let p = self.procs.get_mut(&pid).expect("listed");
-            p.allocated_bytes = a;
-            p.held_bytes = h;
-            p.peak_allocated_bytes = pa.max(a);
-            p.peak_held_bytes = ph.max(h);
+            p.allocated_bytes = b.allocated;
+            p.held_bytes = b.held;
+            p.peak_allocated_bytes = b.peak_allocated;
+            p.peak_held_bytes = b.peak_held;
             if container.is_some() {
                 p.container = container;
             }
@@ -479,14 +481,21 @@ impl Aggregator {
     }
 
     fn ensure_mount(&mut self, dev: u32, ns: u32, pid: u32) {
-        if self.mounts.by_dev(dev).is_none() {
-            self.mounts.refresh(ns, pid);
+        if self.mounts.by_dev(dev).is_some() || self.unmounted.contains(&dev) {
+            return;
         }
+        let read = self.mounts.refresh(ns, pid);
         if self.mounts.by_dev(dev).is_none() {
             // A device from another namespace: try every anchored one.
             for (ns, anchor) in self.mounts.anchors.all() {
                 self.mounts.refresh(ns, anchor);
             }
+        }
+        if read && self.mounts.by_dev(dev).is_none() {
+            // Not even in the namespace of the process using it: kernel-
+            // internal shmem (memfd, SysV), mounted nowhere, ever. Remember
+            // it, or every event on it would re-read all mount tables.
+            self.unmounted.insert(dev);
         }
     }
 
@@ -910,29 +919,22 @@ impl Aggregator {
     /// statfs through some live process of namespace `ns`, checking that the
     /// path really is device `dev` there.
     fn statfs_via(&self, dev: u32, ns: u32, pid: u32, mountpoint: &str) -> Option<Usage> {
-        let mut candidates = vec![self.mounts.anchors.get(ns), Some(pid)];
-        let mut cur = self.procs.get(&pid).map(|p| p.ppid);
-        while let Some(pp) = cur {
-            if pp == 0 || candidates.len() > 16 {
-                break;
-            }
-            candidates.push(Some(pp));
-            cur = self.procs.get(&pp).map(|p| p.ppid);
-        }
-        candidates.extend(
-            self.procs
-                .values()
-                .filter(|p| p.mnt_ns == ns && p.alive())
-                .map(|p| Some(p.pid)),
-        );
-        if ns == self.self_ns {
-            candidates.push(None);
-        }
+        // The anchor (shmtrace itself for its own namespace) nearly always
+        // answers; live processes of the namespace are the fallback.
+        let candidates = self
+            .mounts
+            .anchors
+            .get(ns)
+            .into_iter()
+            .chain(std::iter::once(pid))
+            .chain(
+                self.procs
+                    .values()
+                    .filter(|p| p.mnt_ns == ns && p.alive())
+                    .map(|p| p.pid),
+            );
         for c in candidates {
-            let path = match c {
-                Some(p) => format!("/proc/{p}/root{mountpoint}"),
-                None => mountpoint.to_string(),
-            };
+            let path = format!("/proc/{c}/root{mountpoint}");
             let Ok(st) = nix::sys::stat::stat(path.as_str()) else {
                 continue;
             };
@@ -940,7 +942,7 @@ impl Aggregator {
             if mounts::kdev(maj, min) != dev {
                 continue;
             }
-            if let Some(u) = mounts::statfs(c, mountpoint) {
+            if let Some(u) = mounts::statfs(Some(c), mountpoint) {
                 return Some(u);
             }
         }

@@ -69,6 +69,14 @@ pub struct Seen<'a> {
     pub unlinked: bool,
 }
 
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcBytes {
+    pub allocated: u64,
+    pub held: u64,
+    pub peak_allocated: u64,
+    pub peak_held: u64,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Segments {
     pub max_bytes: u64,
@@ -79,8 +87,8 @@ pub struct Segments {
 pub struct Attribution {
     pub files: HashMap<FileKey, FileState>,
     fd_index: HashMap<(u32, i32), FileKey>,
-    /// pid -> (peak allocated, peak held)
-    pub peaks: HashMap<u32, (u64, u64)>,
+    /// Per process, as of the last tick: bytes allocated and held, and peaks.
+    pub bytes: HashMap<u32, ProcBytes>,
     /// Over the whole run, freed files included: the largest file seen and
     /// who created files of 1 MiB or more (what a DataLoader's batches look like).
     pub segments: Segments,
@@ -202,20 +210,28 @@ impl Attribution {
         for k in freed {
             self.files.remove(&k);
         }
-        let pids: BTreeSet<u32> = self
-            .files
-            .values()
-            .flat_map(|f| {
-                f.holders()
-                    .into_iter()
-                    .chain(f.allocated_by.keys().copied())
-            })
-            .collect();
-        for pid in pids {
-            let (a, h) = (self.allocated_bytes(pid), self.held_bytes(pid));
-            let e = self.peaks.entry(pid).or_default();
-            e.0 = e.0.max(a);
-            e.1 = e.1.max(h);
+        self.update_bytes();
+    }
+
+    /// Every process's allocated and held bytes, in one pass over the files.
+    fn update_bytes(&mut self) {
+        let mut now: HashMap<u32, (u64, u64)> = HashMap::new();
+        for f in self.files.values() {
+            for (pid, b) in &f.allocated_by {
+                now.entry(*pid).or_default().0 += b;
+            }
+            for pid in f.holders() {
+                now.entry(pid).or_default().1 += f.allocated_bytes;
+            }
+        }
+        for e in self.bytes.values_mut() {
+            (e.allocated, e.held) = (0, 0);
+        }
+        for (pid, (allocated, held)) in now {
+            let e = self.bytes.entry(pid).or_default();
+            (e.allocated, e.held) = (allocated, held);
+            e.peak_allocated = e.peak_allocated.max(allocated);
+            e.peak_held = e.peak_held.max(held);
         }
     }
 
@@ -264,21 +280,6 @@ impl Attribution {
             f.allocated_bytes = allocated;
             credit(f, grown, pid);
         }
-    }
-
-    pub fn held_bytes(&self, pid: u32) -> u64 {
-        self.files
-            .values()
-            .filter(|f| f.fd_holders.contains(&pid) || f.map_holders.contains(&pid))
-            .map(|f| f.allocated_bytes)
-            .sum()
-    }
-
-    pub fn allocated_bytes(&self, pid: u32) -> u64 {
-        self.files
-            .values()
-            .filter_map(|f| f.allocated_by.get(&pid))
-            .sum()
     }
 
     /// Bytes held by any process of `pids`, each file counted once.

@@ -233,7 +233,11 @@ fn trees(agg: &Aggregator) -> Vec<TreeReport> {
             TreeReport {
                 root: root.pid,
                 held_bytes: agg.attr.held_by_any(&pids.iter().copied().collect()),
-                allocated_bytes: pids.iter().map(|p| agg.attr.allocated_bytes(*p)).sum(),
+                allocated_bytes: pids
+                    .iter()
+                    .filter_map(|p| agg.procs.get(p))
+                    .map(|p| p.allocated_bytes)
+                    .sum(),
                 pids,
             }
         })

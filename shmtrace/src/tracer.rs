@@ -95,8 +95,6 @@ pub struct Tracer {
     seq: u64,
     /// Things the user should know (a hook the kernel refused, tracefs mounted...).
     pub notes: Vec<String>,
-    /// Events that reached user space, per ring: (events, failures).
-    pub received: (u64, u64),
     /// Each hook and whether the kernel took it (None) or why not.
     pub hooks: Vec<(String, Option<String>)>,
 }
@@ -179,7 +177,6 @@ impl Tracer {
             pending: BinaryHeap::new(),
             seq: 0,
             notes,
-            received: (0, 0),
             hooks,
         })
     }
@@ -261,13 +258,9 @@ impl Tracer {
     /// it). `flush` returns everything.
     pub fn drain(&mut self, flush: bool) -> Vec<Event> {
         let watermark = monotonic_ns();
-        for (ring, count) in [
-            (self.failures.get_mut(), &mut self.received.1),
-            (self.events.get_mut(), &mut self.received.0),
-        ] {
+        for ring in [self.failures.get_mut(), self.events.get_mut()] {
             while let Some(item) = ring.next() {
                 if let Some(ev) = events::decode(&item) {
-                    *count += 1;
                     self.seq += 1;
                     self.pending.push(Reverse(Pending {
                         ts: ev.ts_ns,

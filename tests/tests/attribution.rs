@@ -64,6 +64,24 @@ fn start_holders(exe: &Path, finish: &Path) -> Child {
         .unwrap()
 }
 
+/// `shmtrace --quiet EXTRA --report REPORT` node-wide, once it is tracing.
+fn start_node_wide(extra: &[&str], report: &Path) -> Child {
+    let mut tracer = Command::new(shmtrace())
+        .arg("--quiet")
+        .args(extra)
+        .arg("--report")
+        .arg(report)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    tracer
+}
+
 /// First JSON line a child prints on stdout.
 fn first_json(child: &mut Child) -> Value {
     let out = child.stdout.as_mut().unwrap();
@@ -342,23 +360,8 @@ fn node_wide_attributes_each_pod_its_bytes_and_mount() {
     let _ = std::os::unix::fs::symlink("/dev/null", &link);
     let port = 19000 + std::process::id() % 1000;
     let mut cleanup = Cleanup::new(Some(finish.clone()));
-    let mut tracer = Command::new(shmtrace())
-        .args([
-            "--quiet",
-            "--metrics",
-            &format!("127.0.0.1:{port}"),
-            "--report",
-        ])
-        .arg(&report)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
     cleanup.pids.push(tracer.id());
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
 
     let (mut ja, ta) = start_in(&a, "16m", 6, &finish);
     let r = report_until(&report, "pod A's bytes", |r| {
@@ -554,18 +557,8 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     let dir = scratch("ns-release");
     let (finish, report) = (dir.join("finish"), dir.join("r.json"));
     let mut cleanup = Cleanup::new(Some(finish.clone()));
-    let mut tracer = Command::new(shmtrace())
-        .args(["--quiet", "--ns-grace", "1", "--report"])
-        .arg(&report)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tracer = start_node_wide(&["--ns-grace", "1"], &report);
     cleanup.pids.push(tracer.id());
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
 
     // Namespaces of other processes on this machine stay anchored.
     std::thread::sleep(Duration::from_millis(1500));
