@@ -233,14 +233,26 @@ pub async fn bind(addr: &str) -> Result<TcpListener> {
 
 /// Answers one HTTP request: /metrics with `body`, /healthz with "ok".
 pub async fn answer(mut stream: tokio::net::TcpStream, body: String) {
-    let mut buf = [0u8; 1024];
-    let n = match tokio::time::timeout(std::time::Duration::from_secs(2), stream.read(&mut buf))
-        .await
-    {
-        Ok(Ok(n)) => n,
-        _ => return,
+    // The request line may arrive in pieces: read up to the end of the
+    // headers (or 2 s, or 4 KiB).
+    let mut buf = Vec::with_capacity(1024);
+    let read_head = async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 4096 {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
     };
-    let req = String::from_utf8_lossy(&buf[..n]);
+    if tokio::time::timeout(std::time::Duration::from_secs(2), read_head)
+        .await
+        .is_err()
+        || buf.is_empty()
+    {
+        return;
+    }
+    let req = String::from_utf8_lossy(&buf);
     let path = req.split_whitespace().nth(1).unwrap_or("/");
     let (status, ctype, body) = match path {
         "/metrics" => ("200 OK", "text/plain; version=0.0.4", body),

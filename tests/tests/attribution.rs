@@ -274,7 +274,12 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
 fn http_get(port: u32, path: &str) -> String {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).expect("metrics port");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    // In two pieces, as TCP may deliver it: the server must wait for the
+    // whole request head.
+    s.write_all(b"GET ").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.write_all(format!("{path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out.split_once("\r\n\r\n")
