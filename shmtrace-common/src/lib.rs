@@ -163,6 +163,42 @@ impl Event {
     pub const SIZE: usize = core::mem::size_of::<Event>();
 }
 
+// The wire layout, pinned: both sides compile these, so a field added,
+// moved or resized on one side fails the build instead of misreading records.
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<FileInfo>() == 184);
+    assert!(offset_of!(FileInfo, dev) == 4);
+    assert!(offset_of!(FileInfo, ino) == 8);
+    assert!(offset_of!(FileInfo, size) == 16);
+    assert!(offset_of!(FileInfo, blocks) == 24);
+    assert!(offset_of!(FileInfo, nlink) == 32);
+    assert!(offset_of!(FileInfo, depth) == 36);
+    assert!(offset_of!(FileInfo, fs_max_pages) == 40);
+    assert!(offset_of!(FileInfo, fs_used_pages) == 48);
+    assert!(offset_of!(FileInfo, name) == 56);
+    assert!(offset_of!(FileInfo, parent) == 120);
+    assert!(size_of::<Event>() == 424);
+    assert!(offset_of!(Event, kind) == 0);
+    assert!(offset_of!(Event, syscall) == 4);
+    assert!(offset_of!(Event, ts_ns) == 8);
+    assert!(offset_of!(Event, tgid) == 16);
+    assert!(offset_of!(Event, tid) == 20);
+    assert!(offset_of!(Event, ppid) == 24);
+    assert!(offset_of!(Event, mnt_ns) == 28);
+    assert!(offset_of!(Event, cgroup_id) == 32);
+    assert!(offset_of!(Event, comm) == 40);
+    assert!(offset_of!(Event, ret) == 56);
+    assert!(offset_of!(Event, args) == 64);
+    assert!(offset_of!(Event, file) == 112);
+    assert!(offset_of!(Event, path) == 296);
+    assert!(size_of::<Event>() % 8 == 0);
+    // Globals handed in by user space: u32 fields only, no padding.
+    assert!(size_of::<KernelOffsets>() == 41 * 4);
+    assert!(size_of::<SyscallNrs>() == 16 * 4);
+    assert!(size_of::<Config>() == 8);
+};
+
 /// Offsets of kernel struct members, read by user space from
 /// /sys/kernel/btf/vmlinux and passed in as a global: Rust eBPF has no CO-RE.
 /// [`KernelOffsets::MISSING`] marks a member this kernel lacks; the programs

@@ -6,9 +6,12 @@ use anyhow::{Result, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    Fail, attach, node,
-    run::{self, RunOpts},
-    session::Outputs,
+    Fail,
+    modes::{
+        node, pid,
+        run::{self, RunOpts},
+        session::Outputs,
+    },
 };
 
 const ABOUT: &str =
@@ -179,7 +182,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             Err(Fail::new(2, "--pid cannot be combined with a subcommand").into())
         }
         (None, Some(pid)) => {
-            attach::attach(
+            pid::attach(
                 pid,
                 Outputs {
                     live: true,
@@ -240,7 +243,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             .await
         }
         (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
-        (Some(Cmd::Doctor), None) => crate::doctor::doctor().await,
+        (Some(Cmd::Doctor), None) => crate::modes::doctor::doctor().await,
         (None, None) => {
             node::node_wide(
                 Outputs {

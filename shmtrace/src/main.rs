@@ -1,61 +1,14 @@
 //! shmtrace: finds which process failed first when shared memory (/dev/shm,
 //! tmpfs) ran out, and why. See DESIGN.md for the data flow.
 
-mod aggregate;
-mod attach;
-mod attribution;
-mod btf;
-mod cli;
-mod containers;
-mod demo;
-mod diagnosis;
-mod doctor;
-mod escape;
-mod events;
-mod live;
-mod metrics;
-mod mounts;
-mod node;
-mod offsets;
-mod preflight;
-mod procs;
-mod report;
-mod run;
-mod session;
-mod signals;
-mod summary;
-mod tracer;
-
 use std::process::ExitCode;
 
 use clap::Parser;
-
-use crate::cli::{Cli, Cmd};
-
-/// An error that carries the exit status shmtrace should end with
-/// (127 for a command that does not exist, as shells do).
-#[derive(Debug)]
-pub struct Fail {
-    pub code: i32,
-    pub message: String,
-}
-
-impl Fail {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Fail {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Fail {}
+use shmtrace::{
+    Fail,
+    cli::{self, Cli, Cmd},
+    modes::demo,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -7,11 +7,8 @@ use anyhow::Result;
 use shmtrace_common::traced;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{
-    Fail, procs,
-    session::{Outputs, Session},
-    tracer,
-};
+use super::session::{Outputs, Session};
+use crate::{Fail, capture, host::proc::descendants};
 
 pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     if pid == std::process::id() {
@@ -25,14 +22,14 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
         .into());
     }
     let mut session = Session::start(outputs, false)?;
-    let now = tracer::monotonic_ns();
+    let now = capture::monotonic_ns();
     // Trace the root first so forks from now on are followed by the kernel,
     // then pick up what already exists (twice, to catch forks in between).
     session.tracer.trace(pid, traced::REPORT | traced::FOLLOW)?;
     add(&mut session, pid, now, true);
     for _ in 0..2 {
-        for d in procs::descendants(pid) {
-            if !session.agg.procs.contains_key(&d) {
+        for d in descendants(pid) {
+            if !session.state.procs.contains(d) {
                 session.tracer.trace(d, traced::REPORT | traced::FOLLOW)?;
                 add(&mut session, d, now, false);
             }
@@ -40,7 +37,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     }
     eprintln!(
         "shmtrace: tracing pid {pid} and {} descendant(s); Ctrl-C to stop",
-        session.agg.procs.len() - 1
+        session.state.procs.len() - 1
     );
 
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -55,7 +52,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
             // Exit events say who is gone; /proc confirms (an event can be lost).
-            if !session.agg.live_pids().into_iter().any(alive) {
+            if !session.state.live_pids().into_iter().any(alive) {
                 break;
             }
         }
@@ -65,7 +62,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
 }
 
 fn add(session: &mut Session, pid: u32, ts: u64, root: bool) {
-    if session.agg.add_root(pid, ts, root) {
+    if session.add_existing(pid, ts, root) {
         session.tracer.mark_shm_mapped(pid);
     }
 }

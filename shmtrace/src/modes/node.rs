@@ -9,11 +9,8 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 
-use crate::{
-    metrics,
-    session::{Outputs, Session},
-    tracer,
-};
+use super::session::{Outputs, Session};
+use crate::{capture, host::proc::all_pids, output::metrics};
 
 /// A connection on the metrics port, or never when there is none.
 async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
@@ -28,18 +25,11 @@ async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net
 pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     let metrics_addr = outputs.metrics.clone();
     let mut session = Session::start(outputs, true)?;
-    session.agg.release_idle_namespaces = Some(Duration::from_secs(ns_grace));
-    let now = tracer::monotonic_ns();
+    session.state.release_idle_namespaces = Some(Duration::from_secs(ns_grace));
+    let now = capture::monotonic_ns();
     // Seed from /proc once: who maps or holds tmpfs files right now.
-    let me = std::process::id();
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
-        .filter(|&p| p != me)
-        .collect();
-    pids.sort();
-    for pid in pids {
-        if session.agg.add_root(pid, now, false) {
+    for pid in all_pids()? {
+        if session.add_existing(pid, now, false) {
             session.tracer.mark_shm_mapped(pid);
         }
     }
@@ -60,7 +50,7 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             _ = sigterm.recv() => break,
             conn = accept(listener.as_ref()) => {
                 if let Ok((stream, _)) = conn {
-                    let body = metrics::render(&session.agg, session.tracer.lost(), &mut names);
+                    let body = metrics::render(&session.state, session.tracer.lost(), &mut names);
                     tokio::spawn(metrics::answer(stream, body));
                 }
             }

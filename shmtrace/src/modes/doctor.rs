@@ -5,7 +5,12 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 
-use crate::{aggregate::human_bytes, mounts, preflight, tracer::Tracer};
+use crate::{
+    capture::{Tracer, preflight},
+    host::proc::statfs_path,
+    state::mounts,
+    units::human_bytes,
+};
 
 pub async fn doctor() -> Result<i32> {
     let mut s = String::new();
@@ -111,13 +116,13 @@ pub async fn doctor() -> Result<i32> {
         .ok()
         .map(|t| mounts::parse_mountinfo(&t))
         .and_then(|ms| ms.into_iter().rfind(|m| m.mountpoint == "/dev/shm"));
-    match (shm, mounts::statfs(None, "/dev/shm")) {
+    match (shm, statfs_path("/dev/shm")) {
         (Some(m), Some(u)) if m.is_tmpfs() => {
             let _ = writeln!(
                 s,
                 "/dev/shm     tmpfs {} ({}), {} used ({:.0}%), {} free",
                 human_bytes(u.size_bytes),
-                mounts::kdev_string(m.dev),
+                m.dev,
                 human_bytes(u.used_bytes),
                 u.used_bytes as f64 * 100.0 / u.size_bytes.max(1) as f64,
                 human_bytes(u.free_bytes())

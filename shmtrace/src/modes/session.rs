@@ -12,10 +12,11 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    aggregate::Aggregator,
-    report::{self, Report},
-    summary,
-    tracer::{self, Tracer},
+    analysis::{self, Report},
+    capture::{self, Tracer},
+    host::ProcHost,
+    output::{self, live::Live, summary},
+    state::State,
 };
 
 /// Where results go.
@@ -34,12 +35,13 @@ pub struct Outputs {
 
 pub struct Session {
     pub tracer: Tracer,
-    pub agg: Aggregator,
+    pub state: State,
+    pub host: ProcHost,
     events_out: Option<BufWriter<File>>,
     outputs: Outputs,
     start_ns: u64,
     last_tick: std::time::Instant,
-    live: Option<crate::live::Live>,
+    live: Option<Live>,
 }
 
 impl Session {
@@ -56,14 +58,16 @@ impl Session {
                 .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
         let tracer = Tracer::start(all_processes, outputs.events_ring)?;
-        let start_ns = tracer::monotonic_ns();
+        let start_ns = capture::monotonic_ns();
         for n in &tracer.notes {
             eprintln!("shmtrace: note: {n}");
         }
-        let live = (outputs.live && !outputs.quiet).then(crate::live::Live::new);
+        let live = (outputs.live && !outputs.quiet).then(Live::new);
+        let mut host = ProcHost::new();
         Ok(Self {
             tracer,
-            agg: Aggregator::new(start_ns),
+            state: State::new(start_ns, &mut host),
+            host,
             events_out,
             outputs,
             start_ns,
@@ -72,14 +76,19 @@ impl Session {
         })
     }
 
-    /// Moves every event that is safe to order into the aggregator.
+    /// Registers a process that exists already (see [`State::add_existing`]).
+    pub fn add_existing(&mut self, pid: u32, ts: u64, root: bool) -> bool {
+        self.state.add_existing(&mut self.host, pid, ts, root)
+    }
+
+    /// Moves every event that is safe to order into the state.
     pub fn pump(&mut self, flush: bool) {
         for ev in self.tracer.drain(flush) {
             if let Some(out) = &mut self.events_out {
-                let line = crate::events::to_json(&ev, self.start_ns);
+                let line = output::events::to_json(&ev, self.start_ns);
                 let _ = writeln!(out, "{line}");
             }
-            self.agg.apply(&ev);
+            self.state.apply(&ev, &mut self.host);
         }
     }
 
@@ -90,12 +99,12 @@ impl Session {
         self.pump(false);
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
-            self.agg.tick();
+            self.state.tick(&mut self.host);
             if let Some(p) = &self.outputs.report {
-                let _ = self.snapshot("running", None, None, None).write(p);
+                let _ = output::report::write(&self.snapshot("running", None, None, None), p);
             }
             if let Some(live) = &mut self.live {
-                live.show(&self.agg, self.tracer.lost());
+                live.show(&self.state, self.tracer.lost());
             }
         }
     }
@@ -106,15 +115,15 @@ impl Session {
         mode: &'static str,
         command: Option<Vec<String>>,
         target_pid: Option<u32>,
-        exit: Option<report::Exit>,
+        exit: Option<analysis::Exit>,
     ) -> Report {
         Report::build(
-            &self.agg,
-            report::Context_ {
+            &self.state,
+            analysis::Context {
                 mode,
                 command,
                 target_pid,
-                duration_s: (tracer::monotonic_ns() - self.start_ns) as f64 / 1e9,
+                duration_s: (capture::monotonic_ns() - self.start_ns) as f64 / 1e9,
                 lost: self.tracer.lost(),
                 exit,
                 notes: self.tracer.notes.clone(),
@@ -128,7 +137,7 @@ impl Session {
         mode: &'static str,
         command: Option<Vec<String>>,
         target_pid: Option<u32>,
-        exit: Option<report::Exit>,
+        exit: Option<analysis::Exit>,
     ) -> Result<Report> {
         // Events of the last moments may still be in the rings.
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -136,13 +145,13 @@ impl Session {
         if let Some(out) = &mut self.events_out {
             out.flush().context("cannot write events file")?;
         }
-        self.agg.tick();
+        self.state.tick(&mut self.host);
         if let Some(live) = &mut self.live {
             live.finish();
         }
         let report = self.snapshot(mode, command, target_pid, exit);
         if let Some(p) = &self.outputs.report {
-            report.write(p)?;
+            output::report::write(&report, p)?;
         }
         if !self.outputs.quiet {
             eprint!("{}", summary::render(&report));

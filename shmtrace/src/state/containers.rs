@@ -29,33 +29,6 @@ impl Container {
     }
 }
 
-/// The cgroup path that names the process's container: the v2 line
-/// ("0::/...") when it says more than "/", else the v1 memory controller's
-/// (hybrid hosts), else the first non-root one.
-pub fn cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let mut v2 = None;
-    let mut memory = None;
-    let mut any = None;
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        if ctrl.is_empty() {
-            v2 = Some(path.to_string());
-        } else if ctrl.split(',').any(|c| c == "memory") {
-            memory = Some(path.to_string());
-        } else if path != "/" && any.is_none() {
-            any = Some(path.to_string());
-        }
-    }
-    match v2 {
-        Some(p) if p != "/" => Some(p),
-        _ => memory.filter(|p| p != "/").or(any).or(Some("/".into())),
-    }
-}
-
 /// Parses runtime path shapes (see ../shared/reference/kernel.md):
 /// systemd driver `.../kubepods-<qos>-pod<uid_with_underscores>.slice/<rt>-<64hex>.scope`,
 /// cgroupfs driver `/kubepods/<qos>/pod<uid>/<64hex>` (or `crio-<64hex>`),
@@ -118,93 +91,50 @@ fn is_uid(s: &str) -> bool {
         && s.matches('-').count() == 4
 }
 
-/// Cache: cgroup path -> parsed container.
+/// Containers by cgroup path, and which path each process and cgroup id
+/// has. Paths come from the host; this only remembers and parses them.
 #[derive(Default)]
 pub struct Containers {
     by_path: HashMap<String, Container>,
     by_pid: HashMap<u32, String>,
-    /// cgroup v2 id (the directory's inode, what bpf_get_current_cgroup_id
-    /// returns) -> path, from one walk of the v2 hierarchy, redone on a miss
-    /// at most once a second.
+    /// cgroup v2 id (what bpf_get_current_cgroup_id returns) -> path.
     by_id: HashMap<u64, String>,
-    last_walk: Option<std::time::Instant>,
-}
-
-/// Where the cgroup v2 hierarchy is mounted (unified on hybrid hosts).
-fn v2_root() -> Option<&'static str> {
-    let has = |dir: &str, file: &str| std::path::Path::new(dir).join(file).exists();
-    if has("/sys/fs/cgroup/unified", "cgroup.procs") {
-        Some("/sys/fs/cgroup/unified")
-    } else if has("/sys/fs/cgroup", "cgroup.controllers") {
-        Some("/sys/fs/cgroup")
-    } else {
-        None
-    }
-}
-
-fn walk(
-    root: &std::path::Path,
-    dir: &std::path::Path,
-    out: &mut HashMap<u64, String>,
-    depth: usize,
-) {
-    use std::os::unix::fs::MetadataExt;
-    if depth > 16 {
-        return;
-    }
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir())
-            && let Ok(md) = e.metadata()
-        {
-            let rel = e
-                .path()
-                .strip_prefix(root)
-                .map(|r| format!("/{}", r.display()))
-                .unwrap_or_default();
-            out.insert(md.ino(), rel);
-            walk(root, &e.path(), out, depth + 1);
-        }
-    }
 }
 
 impl Containers {
+    fn intern(&mut self, path: &str) -> &Container {
+        self.by_path
+            .entry(path.to_string())
+            .or_insert_with(|| parse(path))
+    }
+
+    pub fn knows_id(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    pub fn knows_pid(&self, pid: u32) -> bool {
+        self.by_pid.contains_key(&pid)
+    }
+
+    /// cgroup id `id` is at `path`.
+    pub fn learn_id(&mut self, id: u64, path: String) {
+        self.intern(&path);
+        self.by_id.insert(id, path);
+    }
+
+    /// Process `pid` is in cgroup `path`.
+    pub fn learn_pid(&mut self, pid: u32, path: String) {
+        self.intern(&path);
+        self.by_pid.insert(pid, path);
+    }
+
     /// The container of cgroup v2 id `id`, as the eBPF programs saw it at
     /// the event (right even for a process that is gone since).
-    pub fn of_id(&mut self, id: u64) -> Option<&Container> {
+    pub fn of_id(&self, id: u64) -> Option<&Container> {
         if id <= 1 {
             return None; // the root: a v1 or hybrid host says nothing here
         }
-        if !self.by_id.contains_key(&id)
-            && self.last_walk.is_none_or(|t| t.elapsed().as_secs() >= 1)
-        {
-            self.last_walk = Some(std::time::Instant::now());
-            if let Some(root) = v2_root() {
-                let root = std::path::Path::new(root);
-                walk(root, root, &mut self.by_id, 0);
-            }
-        }
-        let path = self.by_id.get(&id)?.clone();
-        Some(
-            self.by_path
-                .entry(path.clone())
-                .or_insert_with(|| parse(&path)),
-        )
-    }
-
-    /// The container of `pid`, read from /proc the first time (retried on
-    /// later calls while /proc cannot tell).
-    pub fn of(&mut self, pid: u32) -> Option<&Container> {
-        if !self.by_pid.contains_key(&pid) {
-            let path = cgroup_of(pid)?;
-            self.by_path
-                .entry(path.clone())
-                .or_insert_with(|| parse(&path));
-            self.by_pid.insert(pid, path);
-        }
-        self.by_path.get(self.by_pid.get(&pid)?)
+        self.by_path.get(self.by_id.get(&id)?)
     }
 
     /// Seeds a child with its parent's cgroup until /proc says otherwise.
@@ -275,5 +205,19 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn cache_by_id_and_pid() {
+        let mut cs = Containers::default();
+        cs.learn_id(77, format!("/docker/{ID}"));
+        cs.learn_pid(10, format!("/kubepods/burstable/pod{UID}/{ID}"));
+        cs.inherit(10, 11);
+        assert_eq!(cs.of_id(77).unwrap().runtime.as_deref(), Some("docker"));
+        assert!(cs.of_id(1).is_none(), "the root cgroup names no container");
+        assert_eq!(cs.get(11).unwrap().pod_uid.as_deref(), Some(UID));
+        cs.forget(11);
+        assert!(cs.get(11).is_none());
+        assert!(cs.knows_pid(10) && cs.knows_id(77));
     }
 }

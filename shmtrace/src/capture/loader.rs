@@ -1,18 +1,23 @@
 //! Loads the eBPF object embedded in this binary, attaches its programs, and
 //! reads their two ring buffers in kernel-time order.
 
-use std::{cmp::Reverse, collections::BinaryHeap};
-
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
 };
-use shmtrace_common::{Config, Event, lost};
+use shmtrace_common::{Config, lost};
 use tokio::io::unix::AsyncFd;
 
-use crate::{btf::Btf, events, offsets, preflight};
+use super::{
+    btf::Btf,
+    decode::Decoder,
+    offsets,
+    order::Orderer,
+    preflight,
+};
+use crate::event::Event;
 
 /// The hooks: (program, kind, category, name, required, what is lost without it).
 const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
@@ -89,10 +94,12 @@ pub struct Tracer {
     lost: PerCpuArray<MapData, u64>,
     events: AsyncFd<RingBuf<MapData>>,
     failures: AsyncFd<RingBuf<MapData>>,
+    decoder: Decoder,
     /// Events read but not yet old enough to be sure nothing earlier is
     /// still on its way (two rings, several CPUs).
-    pending: BinaryHeap<Reverse<Pending>>,
-    seq: u64,
+    order: Orderer,
+    /// Records that did not decode (a version mismatch; never expected).
+    pub undecodable: u64,
     /// Things the user should know (a hook the kernel refused, tracefs mounted...).
     pub notes: Vec<String>,
     /// Each hook and whether the kernel took it (None) or why not.
@@ -103,6 +110,16 @@ impl Tracer {
     /// Everything from privilege checks to attached programs. Must be called
     /// inside a tokio runtime.
     pub fn start(all_processes: bool, events_ring: Option<u32>) -> Result<Self> {
+        Self::start_with(all_processes, events_ring, |_| true)
+    }
+
+    /// Like [`Tracer::start`], attaching only the programs `want` accepts
+    /// (tests load one program at a time).
+    pub fn start_with(
+        all_processes: bool,
+        events_ring: Option<u32>,
+        want: impl Fn(&str) -> bool,
+    ) -> Result<Self> {
         preflight::check_privileges()?;
         preflight::check_btf()?;
         let (tracefs, mounted) = preflight::ensure_tracefs()?;
@@ -138,6 +155,9 @@ impl Tracer {
 
         let mut hooks = Vec::new();
         for &(prog, kind, category, name, required, loses) in HOOKS {
+            if !want(prog) {
+                continue;
+            }
             let res = attach(&mut ebpf, prog, kind, category, name);
             hooks.push((
                 hook_name(kind, category, name),
@@ -174,8 +194,9 @@ impl Tracer {
             lost,
             events,
             failures,
-            pending: BinaryHeap::new(),
-            seq: 0,
+            decoder: Decoder::new(nrs),
+            order: Orderer::default(),
+            undecodable: 0,
             notes,
             hooks,
         })
@@ -253,32 +274,20 @@ impl Tracer {
         }
     }
 
-    /// Reads both rings and returns, in kernel-time order, every event older
-    /// than the moment the read began (so none can still be in flight before
-    /// it). `flush` returns everything.
+    /// Reads both rings and returns, decoded and in kernel-time order,
+    /// every event older than the moment the read began (so none can still
+    /// be in flight before it). `flush` returns everything.
     pub fn drain(&mut self, flush: bool) -> Vec<Event> {
         let watermark = monotonic_ns();
         for ring in [self.failures.get_mut(), self.events.get_mut()] {
             while let Some(item) = ring.next() {
-                if let Some(ev) = events::decode(&item) {
-                    self.seq += 1;
-                    self.pending.push(Reverse(Pending {
-                        ts: ev.ts_ns,
-                        seq: self.seq,
-                        ev,
-                    }));
+                match self.decoder.decode(&item) {
+                    Ok(ev) => self.order.push(ev),
+                    Err(_) => self.undecodable += 1,
                 }
             }
         }
-        let mut out = Vec::new();
-        while let Some(Reverse(p)) = self.pending.peek() {
-            if !flush && p.ts >= watermark {
-                break;
-            }
-            let Reverse(p) = self.pending.pop().expect("peeked");
-            out.push(p.ev);
-        }
-        out
+        self.order.release((!flush).then_some(watermark))
     }
 }
 
@@ -288,33 +297,6 @@ fn readable(ring: RingBuf<MapData>) -> Result<AsyncFd<RingBuf<MapData>>> {
     // so the fd stays open for as long as it is registered.
     unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|e| anyhow!("cannot poll a ring buffer: {}", e.into_parts().1))
-}
-
-/// An event waiting its turn: ordered by kernel time, then arrival.
-struct Pending {
-    ts: u64,
-    seq: u64,
-    ev: Event,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, o: &Self) -> bool {
-        (self.ts, self.seq) == (o.ts, o.seq)
-    }
-}
-
-impl Eq for Pending {}
-
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
-impl Ord for Pending {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.ts, self.seq).cmp(&(o.ts, o.seq))
-    }
 }
 
 fn hook_name(kind: Kind, category: &str, name: &str) -> String {

@@ -10,7 +10,7 @@ use std::{
     time::Instant,
 };
 
-use crate::aggregate::{Aggregator, human_bytes};
+use crate::{state::State, units::human_bytes};
 
 const TOP: usize = 8;
 const BAR: usize = 24;
@@ -32,15 +32,15 @@ impl Live {
         }
     }
 
-    pub fn show(&mut self, agg: &Aggregator, lost: [u64; 3]) {
+    pub fn show(&mut self, st: &State, lost: [u64; 3]) {
         let mut err = std::io::stderr().lock();
         if self.tty {
-            let screen = self.screen(agg, lost);
+            let screen = self.screen(st, lost);
             let enter = if self.entered { "" } else { "\x1b[?1049h" };
             self.entered = true;
             let _ = write!(err, "{enter}\x1b[H\x1b[2J{screen}");
         } else {
-            let line = self.line(agg, lost);
+            let line = self.line(st, lost);
             if line != self.last_line {
                 let _ = writeln!(err, "{line}");
                 self.last_line = line;
@@ -57,9 +57,9 @@ impl Live {
         }
     }
 
-    fn line(&self, agg: &Aggregator, lost: [u64; 3]) -> String {
+    fn line(&self, st: &State, lost: [u64; 3]) -> String {
         let mut s = format!("shmtrace +{:.0}s", self.started.elapsed().as_secs_f64());
-        for m in agg.mount_stats.values() {
+        for m in st.mount_stats.by_dev.values() {
             if let (Some(used), Some(size)) = (m.used_bytes, m.size_bytes) {
                 let _ = write!(
                     s,
@@ -72,34 +72,34 @@ impl Live {
                 );
             }
         }
-        if let Some((pid, comm, held)) = top_processes(agg).into_iter().next() {
+        if let Some((pid, comm, held)) = top_processes(st).into_iter().next() {
             let _ = write!(s, " | top: pid {pid} ({comm}) holds {}", human_bytes(held));
         }
         let _ = write!(
             s,
             " | failures {} | lost {}",
-            agg.failures.len(),
+            st.failures.len(),
             lost.iter().sum::<u64>()
         );
         s
     }
 
-    fn screen(&self, agg: &Aggregator, lost: [u64; 3]) -> String {
+    fn screen(&self, st: &State, lost: [u64; 3]) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
             "shmtrace  +{:.0}s  processes {}  events {}  failures {}  lost {}\r",
             self.started.elapsed().as_secs_f64(),
-            agg.procs.values().filter(|p| p.alive()).count(),
-            agg.events_seen,
-            agg.failures.len(),
+            st.procs.alive().count(),
+            st.evidence.events_seen,
+            st.failures.len(),
             lost.iter().sum::<u64>()
         );
         let _ = writeln!(s, "\r\nTMPFS MOUNTS\r");
-        if agg.mount_stats.is_empty() {
+        if st.mount_stats.by_dev.is_empty() {
             let _ = writeln!(s, "  (none with tracked files yet)\r");
         }
-        for m in agg.mount_stats.values() {
+        for m in st.mount_stats.by_dev.values() {
             let (used, size) = (m.used_bytes.unwrap_or(0), m.size_bytes.unwrap_or(0));
             let filled = if size > 0 {
                 (used as f64 / size as f64 * BAR as f64).round() as usize
@@ -121,7 +121,7 @@ impl Live {
                 m.mount_ns
             );
         }
-        let containers = top_containers(agg);
+        let containers = top_containers(st);
         if containers.len() > 1
             || containers
                 .iter()
@@ -136,8 +136,8 @@ impl Live {
             }
         }
         let _ = writeln!(s, "\r\nPROCESSES            PID       HELD  ALLOCATED\r");
-        for (pid, comm, held) in top_processes(agg).into_iter().take(TOP) {
-            let alloc = agg.procs.get(&pid).map(|p| p.allocated_bytes).unwrap_or(0);
+        for (pid, comm, held) in top_processes(st).into_iter().take(TOP) {
+            let alloc = st.procs.get(pid).map(|p| p.allocated_bytes).unwrap_or(0);
             let _ = writeln!(
                 s,
                 "  {comm:<16} {pid:>7} {:>10} {:>10}\r",
@@ -146,7 +146,7 @@ impl Live {
             );
         }
         let _ = writeln!(s, "\r\nRECENT FAILURES\r");
-        let mut recent: Vec<_> = agg.failures.iter().collect();
+        let mut recent: Vec<_> = st.failures.all().iter().collect();
         recent.sort_by_key(|f| f.ts_ns);
         if recent.is_empty() {
             let _ = writeln!(s, "  none\r");
@@ -176,27 +176,27 @@ fn pct(a: u64, b: u64) -> f64 {
 }
 
 /// (pid, comm, held) of live processes holding the most, largest first.
-fn top_processes(agg: &Aggregator) -> Vec<(u32, String, u64)> {
-    let mut v: Vec<(u32, String, u64)> = agg
+fn top_processes(st: &State) -> Vec<(u32, String, u64)> {
+    let mut v: Vec<(u32, String, u64)> = st
         .procs
-        .values()
-        .filter(|p| p.alive() && p.held_bytes > 0)
+        .alive()
+        .filter(|p| p.held_bytes > 0)
         .map(|p| (p.pid, p.comm.clone(), p.held_bytes))
         .collect();
     v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
     v
 }
 
-fn top_containers(agg: &Aggregator) -> Vec<(String, u64)> {
+fn top_containers(st: &State) -> Vec<(String, u64)> {
     let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
-    for p in agg.procs.values().filter(|p| p.alive()) {
+    for p in st.procs.alive() {
         if let Some(c) = &p.container {
             by.entry(c.label()).or_default().insert(p.pid);
         }
     }
     let mut v: Vec<(String, u64)> = by
         .into_iter()
-        .map(|(l, pids)| (l, agg.attr.held_by_any(&pids)))
+        .map(|(l, pids)| (l, st.files.held_by_any(&pids)))
         .filter(|(_, h)| *h > 0)
         .collect();
     v.sort_by_key(|c| std::cmp::Reverse(c.1));

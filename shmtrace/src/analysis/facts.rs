@@ -1,15 +1,19 @@
-//! The JSON report (`--report FILE`): everything the summary says, and the
-//! evidence behind it, for machines.
+//! The facts at one moment, gathered from state: what the report, the
+//! summary and the diagnosis are made of.
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Aggregator, Failure, MountAtFailure, MountStat, OtherSignal},
-    attribution::FileState,
-    procs::Proc,
+    event::Dev,
+    state::{
+        State,
+        failures::{Failure, MountAtFailure, OtherSignal},
+        files::{FileState, Segments},
+        mounts::MountStat,
+        procs::Proc,
+    },
 };
 
 /// A tmpfs mount: its use now and at its peak, and at the first failure on it.
@@ -64,7 +68,7 @@ pub struct Exit {
 }
 
 #[derive(Serialize)]
-pub struct Report {
+pub struct Facts {
     pub schema: u32,
     pub version: &'static str,
     /// "run", "pid" or "demo".
@@ -72,9 +76,6 @@ pub struct Report {
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
     pub duration_s: f64,
-    /// The answer: signature, summary, what the framework got wrong, the
-    /// /dev/shm size this workload needs.
-    pub diagnosis: Option<crate::diagnosis::Diagnosis>,
     pub first_failure: Option<Failure>,
     pub failures: Vec<Failure>,
     pub processes: Vec<Proc>,
@@ -84,7 +85,7 @@ pub struct Report {
     /// tmpfs files shmtrace tracked, named or unlinked, with their holders.
     pub files: Vec<FileState>,
     /// Shared-memory segments over the whole run (freed ones included).
-    pub segments: crate::attribution::Segments,
+    pub segments: Segments,
     /// SIGBUS signals that were not shared-memory failures, and why.
     pub other_sigbus: Vec<OtherSignal>,
     pub lost_events: u64,
@@ -95,7 +96,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-pub struct Context_ {
+pub struct Context {
     pub mode: &'static str,
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
@@ -105,67 +106,57 @@ pub struct Context_ {
     pub notes: Vec<String>,
 }
 
-impl Report {
-    pub fn build(agg: &Aggregator, ctx: Context_) -> Self {
-        let failures = agg.ordered_failures();
-        let mut r = Self {
+impl Facts {
+    pub fn gather(st: &State, ctx: Context) -> Self {
+        let failures = st.failures.ordered();
+        Self {
             schema: SCHEMA,
             version: env!("CARGO_PKG_VERSION"),
             mode: ctx.mode,
             command: ctx.command,
             target_pid: ctx.target_pid,
             duration_s: ctx.duration_s,
-            diagnosis: None,
             first_failure: failures.first().cloned(),
             failures,
-            processes: agg.procs.values().cloned().collect(),
-            mounts: mounts(agg),
-            containers: containers(agg),
-            trees: trees(agg),
-            files: agg.attr.files.values().cloned().collect(),
-            segments: agg.attr.segments.clone(),
-            other_sigbus: agg.other_signals.clone(),
+            processes: st.procs.all().cloned().collect(),
+            mounts: mounts(st),
+            containers: containers(st),
+            trees: trees(st),
+            files: st.files.files.values().cloned().collect(),
+            segments: st.files.segments.clone(),
+            other_sigbus: st.failures.other.clone(),
             lost_events: ctx.lost.iter().sum(),
             lost: Lost {
                 events_ring: ctx.lost[0],
                 failures_ring: ctx.lost[1],
                 traced_map_full: ctx.lost[2],
             },
-            events_received: agg.events_seen,
-            events_by_kind: agg
+            events_received: st.evidence.events_seen,
+            events_by_kind: st
+                .evidence
                 .by_kind
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             exit: ctx.exit,
             notes: ctx.notes,
-        };
-        r.diagnosis = crate::diagnosis::diagnose(&r);
-        r
+        }
     }
 
-    /// Writes atomically (temp file + rename): readers never see half a report.
-    pub fn write(&self, path: &std::path::Path) -> Result<()> {
-        let text = serde_json::to_string_pretty(self)?;
-        let tmp = path.with_extension("tmp-shmtrace");
-        std::fs::write(&tmp, text + "\n")
-            .with_context(|| format!("cannot write report {}", tmp.display()))?;
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot write report {}", path.display()))
+    pub fn process(&self, pid: u32) -> Option<&Proc> {
+        self.processes.iter().find(|p| p.pid == pid)
     }
 }
 
-fn mounts(agg: &Aggregator) -> Vec<MountReport> {
-    let mut devs: Vec<u32> = agg.mount_stats.keys().copied().collect();
-    devs.extend(
-        agg.touched_mounts
-            .keys()
-            .filter(|d| !agg.mount_stats.contains_key(d)),
-    );
+fn mounts(st: &State) -> Vec<MountReport> {
+    let stats = &st.mount_stats.by_dev;
+    let touched = &st.failures.touched;
+    let mut devs: Vec<Dev> = stats.keys().copied().collect();
+    devs.extend(touched.keys().filter(|d| !stats.contains_key(d)));
     devs.into_iter()
         .map(|dev| {
-            let at = agg.touched_mounts.get(&dev).cloned();
-            let stat = agg.mount_stats.get(&dev).cloned().unwrap_or_else(|| {
+            let at = touched.get(&dev).cloned();
+            let stat = stats.get(&dev).cloned().unwrap_or_else(|| {
                 let a = at.clone().expect("a touched mount");
                 MountStat {
                     mountpoint: a.mountpoint,
@@ -187,9 +178,9 @@ fn mounts(agg: &Aggregator) -> Vec<MountReport> {
         .collect()
 }
 
-fn containers(agg: &Aggregator) -> Vec<ContainerReport> {
+fn containers(st: &State) -> Vec<ContainerReport> {
     let mut by_cgroup: BTreeMap<String, ContainerReport> = BTreeMap::new();
-    for p in agg.procs.values() {
+    for p in st.procs.all() {
         let Some(c) = &p.container else { continue };
         let e = by_cgroup
             .entry(c.cgroup.clone())
@@ -206,36 +197,23 @@ fn containers(agg: &Aggregator) -> Vec<ContainerReport> {
         e.allocated_bytes += p.allocated_bytes;
     }
     for c in by_cgroup.values_mut() {
-        c.held_bytes = agg.attr.held_by_any(&c.pids.iter().copied().collect());
+        c.held_bytes = st.files.held_by_any(&c.pids.iter().copied().collect());
     }
     by_cgroup.into_values().collect()
 }
 
-fn trees(agg: &Aggregator) -> Vec<TreeReport> {
-    agg.procs
-        .values()
+fn trees(st: &State) -> Vec<TreeReport> {
+    st.procs
+        .all()
         .filter(|p| p.root)
         .map(|root| {
-            let mut pids = vec![root.pid];
-            let mut i = 0;
-            while i < pids.len() && pids.len() < 100_000 {
-                let parent = pids[i];
-                pids.extend(
-                    agg.procs
-                        .values()
-                        .filter(|p| p.ppid == parent && !p.root && p.pid != parent)
-                        .map(|p| p.pid),
-                );
-                i += 1;
-            }
-            pids.sort();
-            pids.dedup();
+            let pids = st.procs.tree_of(root.pid);
             TreeReport {
                 root: root.pid,
-                held_bytes: agg.attr.held_by_any(&pids.iter().copied().collect()),
+                held_bytes: st.files.held_by_any(&pids.iter().copied().collect()),
                 allocated_bytes: pids
                     .iter()
-                    .filter_map(|p| agg.procs.get(p))
+                    .filter_map(|p| st.procs.get(*p))
                     .map(|p| p.allocated_bytes)
                     .sum(),
                 pids,

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use shmtrace_common::{KernelOffsets, SyscallNrs};
 
-use crate::btf::Btf;
+use super::btf::Btf;
 
 const MISSING: u32 = KernelOffsets::MISSING;
 
@@ -163,30 +163,6 @@ pub fn syscall_nrs() -> SyscallNrs {
         munmap: n(libc::SYS_munmap),
         close: n(libc::SYS_close),
         recvmsg: n(libc::SYS_recvmsg),
-    }
-}
-
-/// Name of a syscall number we hook, for reports.
-pub fn syscall_name(nr: u32) -> &'static str {
-    let n = syscall_nrs();
-    match nr {
-        x if x == n.write => "write",
-        x if x == n.pwrite64 => "pwrite64",
-        x if x == n.writev => "writev",
-        x if x == n.pwritev => "pwritev",
-        x if x == n.pwritev2 => "pwritev2",
-        x if x == n.fallocate => "fallocate",
-        x if x == n.ftruncate => "ftruncate",
-        x if x == n.open => "open",
-        x if x == n.openat => "openat",
-        x if x == n.openat2 => "openat2",
-        x if x == n.creat => "creat",
-        x if x == n.mmap => "mmap",
-        x if x == n.mremap => "mremap",
-        x if x == n.munmap => "munmap",
-        x if x == n.close => "close",
-        x if x == n.recvmsg => "recvmsg",
-        _ => "?",
     }
 }
 

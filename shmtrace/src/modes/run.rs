@@ -18,11 +18,11 @@ use nix::{
 use shmtrace_common::traced;
 use tokio::signal::unix::{SignalKind, signal};
 
+use super::session::{Outputs, Session};
 use crate::{
     Fail,
-    report::{Exit, Report},
-    session::{Outputs, Session},
-    tracer,
+    analysis::{Exit, Report},
+    capture,
 };
 
 pub struct RunOpts {
@@ -107,7 +107,7 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
     else {
         eprintln!("shmtrace verify: no shared-memory failure to fix, nothing to rerun");
         if let Some(p) = &opts.outputs.report {
-            first.write(p)?;
+            crate::output::report::write(&first, p)?;
         }
         return Ok(code);
     };
@@ -246,7 +246,7 @@ async fn run_once(
         }
     };
     let pid = child.id();
-    session.agg.add_root(pid, tracer::monotonic_ns(), true);
+    session.add_existing(pid, capture::monotonic_ns(), true);
 
     let mut child = child;
     let mut waiter = tokio::task::spawn_blocking(move || child.wait());

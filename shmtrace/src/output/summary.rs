@@ -2,11 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{
-    aggregate::{Failure, human_bytes},
-    report::Report,
-    signals,
-};
+use crate::{analysis::Report, signals, state::failures::Failure, units::human_bytes};
 
 const MAX_COLLATERAL: usize = 10;
 

@@ -3,24 +3,31 @@
 //! them alive now by an fd or a mapping.
 //!
 //! Events say which files exist and who opens, maps, closes and unmaps
-//! them; a once-a-second refresh stats only those files (through a holder's
-//! /proc/PID/fd or map_files link) for their allocated blocks, and rescans
-//! the fds of processes whose events hint at fds we could not see (fds
-//! received over unix sockets, dup, fork).
+//! them; once a second the state asks the host to stat only those files
+//! (through a holder) for their allocated blocks, and to list the fds of
+//! processes whose events hint at fds we could not see (fds received over
+//! unix sockets, dup, fork). This component only keeps the books.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
-use crate::procs::MappingTable;
+use crate::{
+    event::{Dev, FileKey},
+    host::{FdEntry, FileStat},
+};
 
-pub type FileKey = (u32, u64);
+/// Where to stat a file from: a holder's fd, else a holder's mapping.
+pub enum Via {
+    Fd(u32, i32),
+    Map(u32),
+}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct FileState {
     pub dev: String,
     #[serde(skip)]
-    pub kdev: u32,
+    pub kdev: Dev,
     pub ino: u64,
     /// Name as the kernel or /proc gave it (escaped).
     pub name: Option<String>,
@@ -39,9 +46,9 @@ pub struct FileState {
 }
 
 impl FileState {
-    fn new(kdev: u32, ino: u64) -> Self {
+    fn new(kdev: Dev, ino: u64) -> Self {
         Self {
-            dev: crate::mounts::kdev_string(kdev),
+            dev: kdev.to_string(),
             kdev,
             ino,
             name: None,
@@ -84,7 +91,7 @@ pub struct Segments {
 }
 
 #[derive(Default)]
-pub struct Attribution {
+pub struct Files {
     pub files: HashMap<FileKey, FileState>,
     fd_index: HashMap<(u32, i32), FileKey>,
     /// Per process, as of the last tick: bytes allocated and held, and peaks.
@@ -95,7 +102,7 @@ pub struct Attribution {
     rescan: BTreeSet<u32>,
 }
 
-impl Attribution {
+impl Files {
     /// A file seen in an event of `pid`: keep its latest numbers, and credit
     /// growth since the last look to whoever allocates it (see `credit`).
     pub fn seen(&mut self, key: FileKey, s: Seen, pid: u32) {
@@ -175,7 +182,7 @@ impl Attribution {
     }
 
     /// The tmpfs `kdev` is gone (its namespace was let go): drop its files.
-    pub fn forget_dev(&mut self, kdev: u32) {
+    pub fn forget_dev(&mut self, kdev: Dev) {
         self.files.retain(|_, f| f.kdev != kdev);
         let files = &self.files;
         self.fd_index.retain(|_, key| files.contains_key(key));
@@ -185,36 +192,89 @@ impl Attribution {
         self.rescan.insert(pid);
     }
 
-    /// Re-reads the fds of processes flagged since the last tick, and the
-    /// allocated size of every tracked file; drops freed files.
-    pub fn tick(&mut self, maps: &MappingTable, is_tmpfs: impl Fn(u32) -> bool) {
-        for pid in std::mem::take(&mut self.rescan) {
-            self.rescan_fds(pid, &is_tmpfs);
-        }
-        let by_map = maps.holders();
-        let mut freed = Vec::new();
+    /// Processes whose fds should be listed now (flagged since the last tick).
+    pub fn take_rescans(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.rescan).into_iter().collect()
+    }
+
+    /// Who maps each file now, from the mapping table.
+    pub fn set_map_holders(&mut self, by_map: &HashMap<FileKey, BTreeSet<u32>>) {
         for (key, f) in self.files.iter_mut() {
             f.map_holders = by_map.get(key).cloned().unwrap_or_default();
-            if let Some(st) = stat_through_holder(f, maps) {
-                let allocated = st.st_blocks as u64 * 512;
-                let grown = allocated.saturating_sub(f.allocated_bytes);
-                f.allocated_bytes = allocated;
-                f.size = st.st_size;
-                f.unlinked = st.st_nlink == 0;
+        }
+    }
+
+    /// For each tracked file, the ways to stat it, best first.
+    pub fn stat_plan(&self) -> Vec<(FileKey, Vec<Via>)> {
+        self.files
+            .iter()
+            .map(|(key, f)| {
+                let via = f
+                    .fds
+                    .iter()
+                    .map(|&(pid, fd)| Via::Fd(pid, fd))
+                    .chain(f.map_holders.iter().map(|&pid| Via::Map(pid)))
+                    .collect();
+                (*key, via)
+            })
+            .collect()
+    }
+
+    /// What stat said of a tracked file now (None: no holder could tell).
+    /// A file nobody holds that is unlinked is freed: tmpfs let its pages go.
+    pub fn measured(&mut self, key: FileKey, st: Option<FileStat>) {
+        let Some(f) = self.files.get_mut(&key) else {
+            return;
+        };
+        match st {
+            Some(st) if st.ino == f.ino => {
+                let grown = st.allocated.saturating_sub(f.allocated_bytes);
+                f.allocated_bytes = st.allocated;
+                f.size = st.size;
+                f.unlinked = st.nlink == 0;
                 let hint = f.holders().into_iter().next().unwrap_or(0);
                 credit(f, grown, hint);
-            } else if f.holders().is_empty() && f.unlinked {
-                freed.push(*key); // last reference gone: tmpfs freed its pages
             }
+            _ if f.holders().is_empty() && f.unlinked => {
+                self.files.remove(&key);
+            }
+            _ => {}
         }
-        for k in freed {
-            self.files.remove(&k);
+    }
+
+    /// The fds `pid` has now (from the host): tmpfs ones are holders, fds we
+    /// thought it had and it has not are closed.
+    pub fn rescanned(&mut self, pid: u32, found: Vec<FdEntry>, is_tmpfs: impl Fn(Dev) -> bool) {
+        let found: Vec<FdEntry> = found
+            .into_iter()
+            .filter(|e| e.stat.regular && is_tmpfs(e.stat.dev))
+            .collect();
+        let stale: Vec<i32> = self
+            .fd_index
+            .keys()
+            .filter(|k| k.0 == pid && !found.iter().any(|f| f.fd == k.1))
+            .map(|k| k.1)
+            .collect();
+        for fd in stale {
+            self.closed(pid, fd);
         }
-        self.update_bytes();
+        for e in found {
+            let key = (e.stat.dev, e.stat.ino);
+            self.opened(pid, e.fd, key, false);
+            let f = self.files.get_mut(&key).expect("just opened");
+            if f.name.is_none() {
+                f.name = e.name;
+            }
+            f.size = e.stat.size;
+            f.unlinked = e.stat.nlink == 0;
+            let grown = e.stat.allocated.saturating_sub(f.allocated_bytes);
+            f.allocated_bytes = e.stat.allocated;
+            credit(f, grown, pid);
+        }
     }
 
     /// Every process's allocated and held bytes, in one pass over the files.
-    fn update_bytes(&mut self) {
+    pub fn update_bytes(&mut self) {
         let mut now: HashMap<u32, (u64, u64)> = HashMap::new();
         for f in self.files.values() {
             for (pid, b) in &f.allocated_by {
@@ -235,53 +295,6 @@ impl Attribution {
         }
     }
 
-    fn rescan_fds(&mut self, pid: u32, is_tmpfs: &impl Fn(u32) -> bool) {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return;
-        };
-        let mut found = Vec::new();
-        for e in dir.flatten() {
-            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(st) = nix::sys::stat::stat(&e.path()) else {
-                continue;
-            };
-            let kdev = crate::mounts::kdev(libc::major(st.st_dev), libc::minor(st.st_dev));
-            if (st.st_mode & libc::S_IFMT) != libc::S_IFREG || !is_tmpfs(kdev) {
-                continue;
-            }
-            let name = std::fs::read_link(e.path()).ok().map(|l| {
-                let s = l.to_string_lossy().into_owned();
-                let s = s.trim_end_matches(" (deleted)");
-                crate::escape::str(s.rsplit('/').next().unwrap_or(s))
-            });
-            found.push((fd, (kdev, st.st_ino), st, name));
-        }
-        let stale: Vec<i32> = self
-            .fd_index
-            .keys()
-            .filter(|k| k.0 == pid && !found.iter().any(|f| f.0 == k.1))
-            .map(|k| k.1)
-            .collect();
-        for fd in stale {
-            self.closed(pid, fd);
-        }
-        for (fd, key, st, name) in found {
-            self.opened(pid, fd, key, false);
-            let f = self.files.get_mut(&key).expect("just opened");
-            if f.name.is_none() {
-                f.name = name;
-            }
-            f.size = st.st_size;
-            f.unlinked = st.st_nlink == 0;
-            let allocated = st.st_blocks as u64 * 512;
-            let grown = allocated.saturating_sub(f.allocated_bytes);
-            f.allocated_bytes = allocated;
-            credit(f, grown, pid);
-        }
-    }
-
     /// Bytes held by any process of `pids`, each file counted once.
     pub fn held_by_any(&self, pids: &BTreeSet<u32>) -> u64 {
         self.files
@@ -293,7 +306,7 @@ impl Attribution {
 
     /// Processes holding files on tmpfs `kdev`, with the bytes each holds
     /// there, largest first.
-    pub fn holders_on(&self, kdev: u32) -> Vec<(u32, u64)> {
+    pub fn holders_on(&self, kdev: Dev) -> Vec<(u32, u64)> {
         let mut by: BTreeMap<u32, u64> = BTreeMap::new();
         for f in self.files.values().filter(|f| f.kdev == kdev) {
             for pid in f.holders() {
@@ -306,7 +319,7 @@ impl Attribution {
     }
 
     /// Bytes of tracked files on tmpfs `kdev`.
-    pub fn bytes_on(&self, kdev: u32) -> u64 {
+    pub fn bytes_on(&self, kdev: Dev) -> u64 {
         self.files
             .values()
             .filter(|f| f.kdev == kdev)
@@ -314,7 +327,7 @@ impl Attribution {
             .sum()
     }
 
-    pub fn devs(&self) -> BTreeSet<u32> {
+    pub fn devs(&self) -> BTreeSet<Dev> {
         self.files.values().map(|f| f.kdev).collect()
     }
 }
@@ -351,29 +364,3 @@ fn credit(f: &mut FileState, grown: u64, hint: u32) {
     }
 }
 
-/// stat of the file through any holder: an fd link, else a map_files link.
-fn stat_through_holder(f: &FileState, maps: &MappingTable) -> Option<nix::sys::stat::FileStat> {
-    let ok = |st: &nix::sys::stat::FileStat| st.st_ino == f.ino;
-    for (pid, fd) in &f.fds {
-        if let Ok(st) = nix::sys::stat::stat(format!("/proc/{pid}/fd/{fd}").as_str())
-            && ok(&st)
-        {
-            return Some(st);
-        }
-    }
-    let _ = maps;
-    for pid in &f.map_holders {
-        // map_files links are named by the kernel's VMA, which may have
-        // merged several of our mappings: take the range from /proc.
-        let vmas = crate::procs::scan_maps(*pid, |dev| dev == f.kdev);
-        for m in vmas.iter().filter(|m| m.ino == f.ino) {
-            let path = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-            if let Ok(st) = nix::sys::stat::stat(path.as_str())
-                && ok(&st)
-            {
-                return Some(st);
-            }
-        }
-    }
-    None
-}

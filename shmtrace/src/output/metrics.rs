@@ -10,7 +10,7 @@ use tokio::{
     net::TcpListener,
 };
 
-use crate::{aggregate::Aggregator, containers::Container};
+use crate::state::{State, containers::Container};
 
 /// Pod namespace, pod name and container name for a container id, from the
 /// kubelet's /var/log/containers/<pod>_<namespace>_<container>-<id>.log
@@ -94,7 +94,7 @@ fn esc(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String {
+pub fn render(st: &State, lost: [u64; 3], names: &mut PodNames) -> String {
     let mut s = String::new();
     let help = |s: &mut String, name: &str, kind: &str, text: &str| {
         let _ = writeln!(s, "# HELP {name} {text}\n# TYPE {name} {kind}");
@@ -107,10 +107,9 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
     );
 
     // A mount belongs to the container of a live process in its namespace.
-    let ns_container: BTreeMap<u32, Option<&Container>> = agg
+    let ns_container: BTreeMap<u32, Option<&Container>> = st
         .procs
-        .values()
-        .filter(|p| p.alive())
+        .alive()
         .map(|p| (p.mnt_ns, p.container.as_ref()))
         .collect();
     for (metric, text) in [
@@ -132,7 +131,7 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
         ),
     ] {
         help(&mut s, metric, "gauge", text);
-        for m in agg.mount_stats.values() {
+        for m in st.mount_stats.by_dev.values() {
             let v = match metric {
                 "shmtrace_tmpfs_size_bytes" => m.size_bytes,
                 "shmtrace_tmpfs_used_bytes" => m.used_bytes,
@@ -160,7 +159,7 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
     );
     let mut by_container: BTreeMap<String, (Option<&Container>, std::collections::BTreeSet<u32>)> =
         BTreeMap::new();
-    for p in agg.procs.values().filter(|p| p.alive()) {
+    for p in st.procs.alive() {
         let key = p
             .container
             .as_ref()
@@ -173,7 +172,7 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
             .insert(p.pid);
     }
     for (c, pids) in by_container.values() {
-        let held = agg.attr.held_by_any(pids);
+        let held = st.files.held_by_any(pids);
         if held > 0 {
             let _ = writeln!(
                 s,
@@ -190,7 +189,7 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
         "Shared-memory failures seen, by kind.",
     );
     let mut failures: BTreeMap<String, u64> = BTreeMap::new();
-    for f in &agg.failures {
+    for f in st.failures.all() {
         *failures
             .entry(format!(
                 "reason=\"{}\",{}",
@@ -221,7 +220,7 @@ pub fn render(agg: &Aggregator, lost: [u64; 3], names: &mut PodNames) -> String 
         "counter",
         "Kernel events received.",
     );
-    let _ = writeln!(s, "shmtrace_events_total {}", agg.events_seen);
+    let _ = writeln!(s, "shmtrace_events_total {}", st.evidence.events_seen);
     s
 }
 

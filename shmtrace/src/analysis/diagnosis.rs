@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use crate::{aggregate::human_bytes, procs::Proc, report::Report};
+use super::facts::Facts;
+use crate::{state::procs::Proc, units::human_bytes};
 
 const MIB: u64 = 1 << 20;
 /// Sizes are rounded up to this, the way people write --shm-size.
@@ -37,7 +38,7 @@ pub struct Diagnosis {
 }
 
 /// PyTorch leaves its fingerprints on file names and process names.
-fn is_pytorch(r: &Report) -> bool {
+fn is_pytorch(r: &Facts) -> bool {
     r.failures
         .iter()
         .any(|f| f.path.as_deref().is_some_and(|p| p.contains("/torch_")))
@@ -49,7 +50,7 @@ fn is_pytorch(r: &Report) -> bool {
             .any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("torch_")))
 }
 
-pub fn diagnose(r: &Report) -> Option<Diagnosis> {
+pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
     let first = r.first_failure.as_ref()?;
     let pytorch = is_pytorch(r);
     let what = match (first.kind, first.syscall) {
@@ -163,7 +164,7 @@ pub fn diagnose(r: &Report) -> Option<Diagnosis> {
 /// at the first failure. In a PyTorch DataLoader the main process holding
 /// prefetched batches, and workers holding the batch they made, is the
 /// design, not a hoard: not flagged.
-fn hoarder(r: &Report, pytorch: bool) -> Option<String> {
+fn hoarder(r: &Facts, pytorch: bool) -> Option<String> {
     let first = r.first_failure.as_ref()?;
     let used = first.mount.as_ref()?.used_bytes?;
     let h = first
@@ -188,7 +189,7 @@ fn hoarder(r: &Report, pytorch: bool) -> Option<String> {
 }
 
 fn pytorch_messages(
-    r: &Report,
+    r: &Facts,
     first: u32,
     kind: &str,
     syscall: Option<&str>,
@@ -239,7 +240,7 @@ fn pytorch_messages(
 }
 
 /// Processes that created segments (files of 1 MiB or more) or failed.
-fn workers_allocating(r: &Report) -> u64 {
+fn workers_allocating(r: &Facts) -> u64 {
     let mut creators = r.segments.creators.clone();
     creators.extend(
         r.failures
@@ -251,7 +252,7 @@ fn workers_allocating(r: &Report) -> u64 {
 }
 
 /// The largest segment: files seen over the run, failing files, requests.
-fn largest_segment(r: &Report) -> u64 {
+fn largest_segment(r: &Facts) -> u64 {
     r.failures
         .iter()
         .filter_map(|f| f.file_size.map(|s| s.max(0) as u64))
@@ -270,7 +271,7 @@ fn largest_segment(r: &Report) -> u64 {
 /// processes still wanted; for a PyTorch DataLoader also its steady state,
 /// (workers x prefetch_factor + 2) batches in flight. Then 25% headroom,
 /// rounded up to 64 MiB.
-fn recommend(r: &Report, pytorch: bool) -> (Option<u64>, Option<String>) {
+fn recommend(r: &Facts, pytorch: bool) -> (Option<u64>, Option<String>) {
     let Some(first) = r.first_failure.as_ref() else {
         return (None, None);
     };
@@ -327,7 +328,7 @@ fn recommend(r: &Report, pytorch: bool) -> (Option<u64>, Option<String>) {
 
 /// Settings that fit the current size: in flight are
 /// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.
-fn dataloader_fit(r: &Report, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
+fn dataloader_fit(r: &Facts, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
     if !pytorch {
         return None;
     }

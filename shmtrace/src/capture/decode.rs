@@ -1,0 +1,415 @@
+//! The one place that reads wire records: bytes from a ring buffer become a
+//! typed [`Event`], every `args[i]` interpreted here and nowhere else.
+
+use shmtrace_common::{self as wire, EventKind, SyscallNrs};
+
+use crate::{
+    escape,
+    event::{
+        Addr, Dev, Event, ExitStatus, FailedCall, FileRef, Handler, Header, MountPages, Syscall,
+    },
+};
+
+const O_CREAT: u64 = libc::O_CREAT as u64;
+
+/// Turns wire records into typed events. Holds this architecture's syscall
+/// numbers (the same table the programs were given).
+#[derive(Clone, Copy, Debug)]
+pub struct Decoder {
+    nrs: SyscallNrs,
+}
+
+/// Why a record could not be decoded (counted, never fatal).
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Short(usize),
+    UnknownKind(u32),
+    UnknownSyscall(u32),
+    /// A record that must name a tmpfs file came without one.
+    NoFile,
+}
+
+impl Decoder {
+    pub fn new(nrs: SyscallNrs) -> Self {
+        Self { nrs }
+    }
+
+    /// This machine's syscall numbers.
+    pub fn native() -> Self {
+        Self::new(super::offsets::syscall_nrs())
+    }
+
+    /// Copies a record out of ring buffer bytes.
+    pub fn raw(bytes: &[u8]) -> Result<wire::Event, DecodeError> {
+        if bytes.len() < wire::Event::SIZE {
+            return Err(DecodeError::Short(bytes.len()));
+        }
+        // SAFETY: Event is plain old data (repr(C), integers and byte
+        // arrays, any bit pattern valid) and the slice holds at least
+        // SIZE bytes; read_unaligned copes with any alignment.
+        Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<wire::Event>()) })
+    }
+
+    pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
+        self.typed(&Self::raw(bytes)?)
+    }
+
+    pub fn syscall(&self, nr: u32) -> Option<Syscall> {
+        let n = &self.nrs;
+        Some(match nr {
+            x if x == n.write => Syscall::Write,
+            x if x == n.pwrite64 => Syscall::Pwrite64,
+            x if x == n.writev => Syscall::Writev,
+            x if x == n.pwritev => Syscall::Pwritev,
+            x if x == n.pwritev2 => Syscall::Pwritev2,
+            x if x == n.fallocate => Syscall::Fallocate,
+            x if x == n.ftruncate => Syscall::Ftruncate,
+            x if x == n.open => Syscall::Open,
+            x if x == n.openat => Syscall::Openat,
+            x if x == n.openat2 => Syscall::Openat2,
+            x if x == n.creat => Syscall::Creat,
+            x if x == n.mmap => Syscall::Mmap,
+            x if x == n.mremap => Syscall::Mremap,
+            x if x == n.munmap => Syscall::Munmap,
+            x if x == n.close => Syscall::Close,
+            x if x == n.recvmsg => Syscall::Recvmsg,
+            _ => return None,
+        })
+    }
+
+    /// A wire record as a typed event.
+    pub fn typed(&self, ev: &wire::Event) -> Result<Event, DecodeError> {
+        let kind = EventKind::from_u32(ev.kind).ok_or(DecodeError::UnknownKind(ev.kind))?;
+        let h = header(ev);
+        let a = ev.args;
+        let sys = || self.syscall(ev.syscall).ok_or(DecodeError::UnknownSyscall(ev.syscall));
+        Ok(match kind {
+            EventKind::Fork => Event::Fork {
+                h,
+                child: a[0] as u32,
+            },
+            EventKind::Exec => Event::Exec {
+                h,
+                filename: escape::bytes(&ev.path),
+                old_pid: a[0] as u32,
+            },
+            EventKind::Exit => Event::Exit {
+                h,
+                status: ExitStatus::from_kernel(ev.ret as i32),
+            },
+            EventKind::SignalGenerate => Event::Sigbus {
+                h,
+                target: a[3] as u32,
+                target_tid: a[4] as u32,
+                si_code: a[1] as i64 as i32,
+                si_errno: ev.ret as i32,
+                addr: Addr(a[2]),
+                mount: mount_pages(&ev.file),
+            },
+            EventKind::SignalDeliver => Event::SigbusDelivered {
+                h,
+                si_code: a[1] as i64 as i32,
+                handler: match a[2] {
+                    0 => Handler::Default,
+                    1 => Handler::Ignore,
+                    f => Handler::Function(f),
+                },
+            },
+            EventKind::SyscallFail => Event::SyscallFailed {
+                h,
+                errno: (-ev.ret) as i32,
+                call: self.failed_call(sys()?, ev)?,
+            },
+            EventKind::Map => Event::Mapped {
+                h,
+                addr: Addr(ev.ret as u64),
+                len: a[1],
+                prot: a[2],
+                flags: a[3],
+                offset: a[5],
+                file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
+            },
+            EventKind::Unmap => Event::Unmapped {
+                h,
+                addr: Addr(a[0]),
+                len: a[1],
+            },
+            EventKind::Remap => Event::Remapped {
+                h,
+                old_addr: Addr(a[0]),
+                old_len: a[1],
+                new_addr: Addr(ev.ret as u64),
+                new_len: a[2],
+            },
+            EventKind::OomVictim => Event::OomVictim {
+                h,
+                victim: a[0] as u32,
+                shmem_rss: a[1] * 1024,
+            },
+            EventKind::Truncate => Event::Truncated {
+                h,
+                fd: a[0] as i32,
+                length: a[1],
+                file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
+            },
+            EventKind::Open => {
+                let syscall = sys()?;
+                let flags = match syscall {
+                    Syscall::Openat => a[2],
+                    Syscall::Creat => O_CREAT,
+                    _ => a[1],
+                };
+                Event::Opened {
+                    h,
+                    syscall,
+                    fd: ev.ret as i32,
+                    flags,
+                    file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
+                }
+            }
+            EventKind::Close => Event::Closed { h, fd: a[0] as i32 },
+            EventKind::RecvFds => Event::FdsReceived {
+                h,
+                control_bytes: a[0],
+            },
+        })
+    }
+
+    fn failed_call(&self, syscall: Syscall, ev: &wire::Event) -> Result<FailedCall, DecodeError> {
+        let a = ev.args;
+        Ok(match syscall {
+            Syscall::Open | Syscall::Openat | Syscall::Openat2 | Syscall::Creat => {
+                let at = matches!(syscall, Syscall::Openat | Syscall::Openat2);
+                let dirfd = a[0] as i32;
+                FailedCall::Open {
+                    syscall,
+                    dirfd: (at && dirfd != libc::AT_FDCWD).then_some(dirfd),
+                    path: lossy(&ev.path),
+                }
+            }
+            Syscall::Mremap => FailedCall::Mremap {
+                old_addr: Addr(a[0]),
+                old_len: a[1],
+                new_len: a[2],
+            },
+            _ => {
+                let (fd, offset, bytes) = match syscall {
+                    Syscall::Fallocate => (a[0], Some(a[2]), Some(a[3])),
+                    // write/writev: the programs put the fd's position in args[3].
+                    Syscall::Write | Syscall::Pwrite64 => (a[0], Some(a[3]), Some(a[2])),
+                    Syscall::Writev | Syscall::Pwritev | Syscall::Pwritev2 => {
+                        (a[0], Some(a[3]), None)
+                    }
+                    Syscall::Ftruncate => (a[0], None, Some(a[1])),
+                    Syscall::Mmap => (a[4], Some(a[5]), Some(a[1])),
+                    _ => (a[0], None, None),
+                };
+                FailedCall::OnFile {
+                    syscall,
+                    fd: fd as i32,
+                    offset,
+                    bytes,
+                    file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
+                }
+            }
+        })
+    }
+}
+
+fn header(ev: &wire::Event) -> Header {
+    Header {
+        ts_ns: ev.ts_ns,
+        pid: ev.tgid,
+        tid: ev.tid,
+        ppid: ev.ppid,
+        mnt_ns: ev.mnt_ns,
+        cgroup_id: ev.cgroup_id,
+        comm: escape::bytes(&ev.comm),
+    }
+}
+
+fn mount_pages(f: &wire::FileInfo) -> Option<MountPages> {
+    (f.dev != 0).then(|| MountPages {
+        dev: Dev(f.dev),
+        max_pages: f.fs_max_pages,
+        used_pages: f.fs_used_pages.max(0) as u64,
+    })
+}
+
+/// The file part of a record, when the programs filled it (a tmpfs fd).
+fn file_ref(f: &wire::FileInfo) -> Option<FileRef> {
+    if f.valid == 0 {
+        return None;
+    }
+    let name = escape::bytes(&f.name);
+    let name = match f.depth {
+        1 => name,
+        2 => format!("{}/{name}", escape::bytes(&f.parent)),
+        _ => format!(".../{}/{name}", escape::bytes(&f.parent)),
+    };
+    Some(FileRef {
+        dev: Dev(f.dev),
+        ino: f.ino,
+        name: Some(name),
+        size: f.size,
+        allocated: f.blocks * 512,
+        unlinked: f.nlink == 0,
+        mount: MountPages {
+            dev: Dev(f.dev),
+            max_pages: f.fs_max_pages,
+            used_pages: f.fs_used_pages.max(0) as u64,
+        },
+    })
+}
+
+fn lossy(raw: &[u8]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Builds wire records for tests (the programs' side of the contract).
+#[cfg(test)]
+pub mod wire_builder {
+    use super::*;
+
+    pub fn nrs() -> SyscallNrs {
+        super::super::offsets::syscall_nrs()
+    }
+
+    pub fn record(kind: EventKind, tgid: u32) -> wire::Event {
+        // SAFETY: an all-zero Event is valid (plain integers and arrays).
+        let mut e: wire::Event = unsafe { std::mem::zeroed() };
+        e.kind = kind as u32;
+        e.tgid = tgid;
+        e.tid = tgid;
+        e.ts_ns = 1_000;
+        e.comm[..4].copy_from_slice(b"test");
+        e
+    }
+
+    pub fn to_bytes(e: &wire::Event) -> Vec<u8> {
+        // SAFETY: reading the bytes of a repr(C) POD value.
+        unsafe {
+            std::slice::from_raw_parts((e as *const wire::Event).cast::<u8>(), wire::Event::SIZE)
+        }
+        .to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wire_builder::*, *};
+
+    #[test]
+    fn short_and_unknown_records_are_errors() {
+        let d = Decoder::native();
+        assert_eq!(d.decode(&[0u8; 10]), Err(DecodeError::Short(10)));
+        let mut e = record(EventKind::Fork, 1);
+        e.kind = 99;
+        assert_eq!(d.decode(&to_bytes(&e)), Err(DecodeError::UnknownKind(99)));
+    }
+
+    #[test]
+    fn sigbus_fields_by_name() {
+        let d = Decoder::native();
+        let mut e = record(EventKind::SignalGenerate, 10);
+        e.args = [7, (-2i64) as u64, 0x7f00_0000_1000, 11, 12, 0];
+        e.file.dev = (0 << 20) | 40;
+        e.file.fs_max_pages = 16384;
+        e.file.fs_used_pages = 16380;
+        let Event::Sigbus {
+            h,
+            target,
+            target_tid,
+            si_code,
+            addr,
+            mount,
+            ..
+        } = d.decode(&to_bytes(&e)).unwrap()
+        else {
+            panic!("not a sigbus");
+        };
+        assert_eq!((h.pid, h.comm.as_str()), (10, "test"));
+        assert_eq!((target, target_tid, si_code), (11, 12, -2));
+        assert_eq!(addr, Addr(0x7f00_0000_1000));
+        let m = mount.unwrap();
+        assert_eq!((m.dev, m.max_pages, m.used_pages), (Dev(40), 16384, 16380));
+    }
+
+    #[test]
+    fn failed_calls_interpret_their_arguments() {
+        let d = Decoder::native();
+        let n = nrs();
+        let mut e = record(EventKind::SyscallFail, 5);
+        e.syscall = n.fallocate;
+        e.ret = -28;
+        e.args = [3, 0, 4096, 1 << 20, 0, 0];
+        e.file.valid = 1;
+        e.file.dev = 41;
+        e.file.ino = 7;
+        e.file.depth = 1;
+        e.file.name[..5].copy_from_slice(b"seg\n1");
+        let Event::SyscallFailed { errno, call, .. } = d.decode(&to_bytes(&e)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(errno, 28);
+        let FailedCall::OnFile {
+            syscall,
+            fd,
+            offset,
+            bytes,
+            file,
+        } = call
+        else {
+            panic!()
+        };
+        assert_eq!(syscall, Syscall::Fallocate);
+        assert_eq!((fd, offset, bytes), (3, Some(4096), Some(1 << 20)));
+        assert_eq!(file.name.as_deref(), Some("seg\\x0a1"), "names are escaped");
+
+        let mut e = record(EventKind::SyscallFail, 5);
+        e.syscall = n.openat;
+        e.ret = -28;
+        e.args[0] = libc::AT_FDCWD as i64 as u64;
+        e.path[..6].copy_from_slice(b"x/y.db");
+        let Event::SyscallFailed { call, .. } = d.decode(&to_bytes(&e)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            call,
+            FailedCall::Open {
+                syscall: Syscall::Openat,
+                dirfd: None,
+                path: "x/y.db".into()
+            }
+        );
+    }
+
+    #[test]
+    fn exit_status_and_nested_names() {
+        let d = Decoder::native();
+        let mut e = record(EventKind::Exit, 5);
+        e.ret = 7 | 0x80;
+        let Event::Exit { status, .. } = d.decode(&to_bytes(&e)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            status,
+            ExitStatus {
+                code: None,
+                signal: Some(7),
+                core_dumped: true
+            }
+        );
+        let mut e = record(EventKind::Map, 5);
+        e.syscall = nrs().mmap;
+        e.ret = 0x1000;
+        e.file.valid = 1;
+        e.file.depth = 2;
+        e.file.name[..1].copy_from_slice(b"f");
+        e.file.parent[..1].copy_from_slice(b"d");
+        let ev = d.decode(&to_bytes(&e)).unwrap();
+        assert_eq!(ev.file().unwrap().name.as_deref(), Some("d/f"));
+        assert_eq!(ev.name(), "mmap");
+    }
+}

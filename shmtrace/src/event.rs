@@ -1,0 +1,333 @@
+//! The typed events: what the kernel told us, decoded once from the wire
+//! record (`capture::decode`). Everything downstream (state, analysis,
+//! output) reads these named fields; nothing touches the raw `args`.
+
+use std::fmt;
+
+/// A user-space address (mapping start, fault address).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Addr(pub u64);
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Kernel-encoded device number of a superblock (major << 20 | minor).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dev(pub u32);
+
+impl Dev {
+    pub fn new(major: u32, minor: u32) -> Self {
+        Self((major << 20) | minor)
+    }
+}
+
+impl fmt::Display for Dev {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.0 >> 20, self.0 & 0xf_ffff)
+    }
+}
+
+/// A tmpfs file: device and inode.
+pub type FileKey = (Dev, u64);
+
+/// The syscalls the programs report on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Syscall {
+    Write,
+    Pwrite64,
+    Writev,
+    Pwritev,
+    Pwritev2,
+    Fallocate,
+    Ftruncate,
+    Open,
+    Openat,
+    Openat2,
+    Creat,
+    Mmap,
+    Mremap,
+    Munmap,
+    Close,
+    Recvmsg,
+}
+
+impl Syscall {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Write => "write",
+            Self::Pwrite64 => "pwrite64",
+            Self::Writev => "writev",
+            Self::Pwritev => "pwritev",
+            Self::Pwritev2 => "pwritev2",
+            Self::Fallocate => "fallocate",
+            Self::Ftruncate => "ftruncate",
+            Self::Open => "open",
+            Self::Openat => "openat",
+            Self::Openat2 => "openat2",
+            Self::Creat => "creat",
+            Self::Mmap => "mmap",
+            Self::Mremap => "mremap",
+            Self::Munmap => "munmap",
+            Self::Close => "close",
+            Self::Recvmsg => "recvmsg",
+        }
+    }
+}
+
+/// Who and when: the header every record carries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Header {
+    /// bpf_ktime_get_ns (CLOCK_MONOTONIC).
+    pub ts_ns: u64,
+    /// The process (tgid) the event happened in.
+    pub pid: u32,
+    pub tid: u32,
+    pub ppid: u32,
+    /// Mount namespace inode number (0 when unknown).
+    pub mnt_ns: u32,
+    /// cgroup v2 id.
+    pub cgroup_id: u64,
+    /// Escaped.
+    pub comm: String,
+}
+
+/// How full a tmpfs mount was when the kernel wrote the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountPages {
+    pub dev: Dev,
+    /// Size limit in pages (0: unlimited).
+    pub max_pages: u64,
+    pub used_pages: u64,
+}
+
+/// A tmpfs file as the kernel saw it at the event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileRef {
+    pub dev: Dev,
+    pub ino: u64,
+    /// Escaped; "name", "parent/name" or ".../parent/name".
+    pub name: Option<String>,
+    pub size: i64,
+    /// Bytes of allocated pages (i_blocks * 512).
+    pub allocated: u64,
+    pub unlinked: bool,
+    pub mount: MountPages,
+}
+
+impl FileRef {
+    pub fn key(&self) -> FileKey {
+        (self.dev, self.ino)
+    }
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitStatus {
+    /// exit() code when it exited normally.
+    pub code: Option<i32>,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    pub core_dumped: bool,
+}
+
+impl ExitStatus {
+    /// From the kernel's exit_code (status << 8 | signal | core << 7).
+    pub fn from_kernel(raw: i32) -> Self {
+        let sig = raw & 0x7f;
+        Self {
+            code: (sig == 0).then_some((raw >> 8) & 0xff),
+            signal: (sig != 0).then_some(sig),
+            core_dumped: raw & 0x80 != 0,
+        }
+    }
+}
+
+/// What a SIGBUS delivery runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handler {
+    /// The default action: the process dies.
+    Default,
+    Ignore,
+    Function(u64),
+}
+
+/// What a failed syscall was doing, from its arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FailedCall {
+    /// open/openat/openat2/creat: a file could not be created.
+    Open {
+        syscall: Syscall,
+        /// None: relative to the working directory.
+        dirfd: Option<i32>,
+        /// The path as the process passed it (raw, lossy UTF-8; escape to show).
+        path: String,
+    },
+    /// mremap of a mapping.
+    Mremap {
+        old_addr: Addr,
+        old_len: u64,
+        new_len: u64,
+    },
+    /// A call on a tmpfs fd: write, pwrite64, writev, pwritev(2), fallocate,
+    /// ftruncate, mmap.
+    OnFile {
+        syscall: Syscall,
+        fd: i32,
+        /// Where in the file (the fd's position for write/writev).
+        offset: Option<u64>,
+        /// How many bytes it asked for (length, count, new size).
+        bytes: Option<u64>,
+        file: FileRef,
+    },
+}
+
+impl FailedCall {
+    pub fn syscall(&self) -> Syscall {
+        match self {
+            Self::Open { syscall, .. } | Self::OnFile { syscall, .. } => *syscall,
+            Self::Mremap { .. } => Syscall::Mremap,
+        }
+    }
+}
+
+/// One event, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A traced process forked `child`.
+    Fork { h: Header, child: u32 },
+    /// A traced process called execve.
+    Exec {
+        h: Header,
+        /// Escaped.
+        filename: String,
+        old_pid: u32,
+    },
+    /// A traced process (the whole thread group) exited.
+    Exit { h: Header, status: ExitStatus },
+    /// A SIGBUS was generated for a traced process. The header is the sender
+    /// (the faulting thread itself for a page fault).
+    Sigbus {
+        h: Header,
+        target: u32,
+        target_tid: u32,
+        si_code: i32,
+        si_errno: i32,
+        addr: Addr,
+        /// The tmpfs the target last mapped, as full as it was at that instant.
+        mount: Option<MountPages>,
+    },
+    /// A SIGBUS is being delivered.
+    SigbusDelivered {
+        h: Header,
+        si_code: i32,
+        handler: Handler,
+    },
+    /// A watched syscall failed.
+    SyscallFailed {
+        h: Header,
+        errno: i32,
+        call: FailedCall,
+    },
+    /// A traced process mapped a tmpfs file.
+    Mapped {
+        h: Header,
+        addr: Addr,
+        len: u64,
+        prot: u64,
+        flags: u64,
+        offset: u64,
+        file: FileRef,
+    },
+    Unmapped { h: Header, addr: Addr, len: u64 },
+    Remapped {
+        h: Header,
+        old_addr: Addr,
+        old_len: u64,
+        new_addr: Addr,
+        new_len: u64,
+    },
+    /// The OOM killer chose a traced process.
+    OomVictim {
+        h: Header,
+        victim: u32,
+        /// Its shmem RSS in bytes, when the kernel reports it.
+        shmem_rss: u64,
+    },
+    /// A tmpfs file was resized with ftruncate.
+    Truncated {
+        h: Header,
+        fd: i32,
+        length: u64,
+        file: FileRef,
+    },
+    /// A traced process created (O_CREAT) and opened a tmpfs file.
+    Opened {
+        h: Header,
+        syscall: Syscall,
+        fd: i32,
+        flags: u64,
+        file: FileRef,
+    },
+    /// A traced process closed a tmpfs fd it had opened.
+    Closed { h: Header, fd: i32 },
+    /// A recvmsg returned control data: it may have received fds.
+    FdsReceived { h: Header, control_bytes: u64 },
+}
+
+impl Event {
+    pub fn header(&self) -> &Header {
+        match self {
+            Self::Fork { h, .. }
+            | Self::Exec { h, .. }
+            | Self::Exit { h, .. }
+            | Self::Sigbus { h, .. }
+            | Self::SigbusDelivered { h, .. }
+            | Self::SyscallFailed { h, .. }
+            | Self::Mapped { h, .. }
+            | Self::Unmapped { h, .. }
+            | Self::Remapped { h, .. }
+            | Self::OomVictim { h, .. }
+            | Self::Truncated { h, .. }
+            | Self::Opened { h, .. }
+            | Self::Closed { h, .. }
+            | Self::FdsReceived { h, .. } => h,
+        }
+    }
+
+    /// The name used in `--events` and the report's counters.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Fork { .. } => "fork",
+            Self::Exec { .. } => "exec",
+            Self::Exit { .. } => "exit",
+            Self::Sigbus { .. } => "signal_generate",
+            Self::SigbusDelivered { .. } => "signal_deliver",
+            Self::SyscallFailed { .. } => "syscall_error",
+            Self::Mapped { .. } => "mmap",
+            Self::Unmapped { .. } => "munmap",
+            Self::Remapped { .. } => "mremap",
+            Self::OomVictim { .. } => "oom_victim",
+            Self::Truncated { .. } => "ftruncate",
+            Self::Opened { .. } => "open",
+            Self::Closed { .. } => "close",
+            Self::FdsReceived { .. } => "recvmsg_fds",
+        }
+    }
+
+    /// The tmpfs file the record describes, if any.
+    pub fn file(&self) -> Option<&FileRef> {
+        match self {
+            Self::Mapped { file, .. } | Self::Truncated { file, .. } | Self::Opened { file, .. } => {
+                Some(file)
+            }
+            Self::SyscallFailed {
+                call: FailedCall::OnFile { file, .. },
+                ..
+            } => Some(file),
+            _ => None,
+        }
+    }
+}

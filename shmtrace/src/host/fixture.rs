@@ -1,0 +1,152 @@
+//! A host made of fixtures, for unit tests: nothing is read from the
+//! machine. Tests fill in what /proc would say.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{FdEntry, FileStat, Host, MapsEntry};
+use crate::{
+    event::{Addr, Dev},
+    state::mounts::{Mount, Usage},
+};
+
+pub const SELF_PID: u32 = 1;
+pub const SELF_NS: u32 = 4026531840;
+
+#[derive(Default)]
+pub struct Fixture {
+    pub stats: HashMap<u32, (u32, String)>,
+    pub cmdlines: HashMap<u32, String>,
+    pub namespaces: HashMap<u32, u32>,
+    pub mounts: HashMap<u32, Vec<Mount>>,
+    pub usage: HashMap<Dev, Usage>,
+    pub maps: HashMap<u32, Vec<MapsEntry>>,
+    pub fds: HashMap<u32, Vec<FdEntry>>,
+    /// Files by (dev, ino): what stat says now.
+    pub files: HashMap<(Dev, u64), FileStat>,
+    pub dirs: HashMap<u32, String>,
+    pub cgroups: HashMap<u32, String>,
+    pub cgroup_ids: HashMap<u64, String>,
+    /// Namespaces anchored (ns -> anchor pid), and how many reads happened.
+    pub anchors: BTreeMap<u32, u32>,
+    pub released: Vec<u32>,
+}
+
+impl Fixture {
+    /// A host whose own namespace has a tmpfs /dev/shm `dev` of `size` bytes.
+    pub fn with_shm(dev: Dev, size: u64) -> Self {
+        let mut f = Self::default();
+        f.mounts.insert(
+            SELF_NS,
+            vec![
+                Mount {
+                    dev: Dev::new(8, 1),
+                    mountpoint: "/".into(),
+                    fstype: "ext4".into(),
+                },
+                Mount {
+                    dev,
+                    mountpoint: "/dev/shm".into(),
+                    fstype: "tmpfs".into(),
+                },
+            ],
+        );
+        f.usage.insert(
+            dev,
+            Usage {
+                size_bytes: size,
+                used_bytes: 0,
+                inodes: 1000,
+                inodes_used: 1,
+            },
+        );
+        f
+    }
+
+    /// A file on tmpfs as stat would show it.
+    pub fn file(&mut self, dev: Dev, ino: u64, size: i64, allocated: u64, nlink: u64) {
+        self.files.insert(
+            (dev, ino),
+            FileStat {
+                dev,
+                ino,
+                size,
+                allocated,
+                nlink,
+                regular: true,
+            },
+        );
+    }
+}
+
+impl Host for Fixture {
+    fn self_pid(&self) -> u32 {
+        SELF_PID
+    }
+    fn self_ns(&self) -> u32 {
+        SELF_NS
+    }
+    fn proc_stat(&self, pid: u32) -> Option<(u32, String)> {
+        self.stats.get(&pid).cloned()
+    }
+    fn cmdline(&self, pid: u32) -> Option<String> {
+        self.cmdlines.get(&pid).cloned()
+    }
+    fn mnt_ns(&self, pid: u32) -> Option<u32> {
+        self.namespaces.get(&pid).copied()
+    }
+    fn mountinfo(&mut self, ns: u32, via: u32) -> Option<Vec<Mount>> {
+        if ns != SELF_NS && ns != 0 {
+            self.anchors.entry(ns).or_insert(via + 100_000);
+        }
+        self.mounts.get(&ns).cloned()
+    }
+    fn anchored(&self) -> Vec<u32> {
+        self.anchors.keys().copied().collect()
+    }
+    fn anchor_of(&self, ns: u32) -> Option<u32> {
+        if ns == SELF_NS {
+            return Some(SELF_PID);
+        }
+        self.anchors.get(&ns).copied()
+    }
+    fn release(&mut self, ns: u32) {
+        self.anchors.remove(&ns);
+        self.released.push(ns);
+    }
+    fn statfs(&self, dev: Dev, _ns: u32, _mountpoint: &str, _via: &[u32]) -> Option<Usage> {
+        self.usage.get(&dev).copied()
+    }
+    fn maps(&self, pid: u32) -> Vec<MapsEntry> {
+        self.maps.get(&pid).cloned().unwrap_or_default()
+    }
+    fn fds(&self, pid: u32) -> Option<Vec<FdEntry>> {
+        self.fds.get(&pid).cloned()
+    }
+    fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat> {
+        let e = self.fds.get(&pid)?.iter().find(|e| e.fd == fd)?;
+        self.files
+            .get(&(e.stat.dev, e.stat.ino))
+            .copied()
+            .or(Some(e.stat))
+    }
+    fn stat_mapped(&self, pid: u32, dev: Dev, ino: u64) -> Option<FileStat> {
+        self.maps
+            .get(&pid)?
+            .iter()
+            .any(|m| m.dev == dev && m.ino == ino)
+            .then(|| self.files.get(&(dev, ino)).copied())?
+    }
+    fn stat_map_range(&self, pid: u32, start: Addr, _end: Addr) -> Option<FileStat> {
+        let m = self.maps.get(&pid)?.iter().find(|m| m.start == start)?;
+        self.files.get(&(m.dev, m.ino)).copied()
+    }
+    fn dir_of(&self, pid: u32, _dirfd: Option<i32>) -> Option<String> {
+        self.dirs.get(&pid).cloned()
+    }
+    fn cgroup(&self, pid: u32) -> Option<String> {
+        self.cgroups.get(&pid).cloned()
+    }
+    fn cgroup_path(&mut self, id: u64) -> Option<String> {
+        self.cgroup_ids.get(&id).cloned()
+    }
+}

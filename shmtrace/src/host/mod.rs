@@ -1,0 +1,87 @@
+//! The one narrow interface between state and the machine: every read of
+//! /proc, statfs, stat and cgroupfs, and the namespace anchors, goes
+//! through [`Host`]. `ProcHost` is the real one; unit tests use a fixture
+//! host that touches nothing.
+
+pub mod anchors;
+#[cfg(test)]
+pub mod fixture;
+pub mod proc;
+
+pub use proc::ProcHost;
+
+use crate::{
+    event::{Addr, Dev},
+    state::mounts::{Mount, Usage},
+};
+
+/// What stat(2) says of a file, the parts state needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    pub dev: Dev,
+    pub ino: u64,
+    pub size: i64,
+    /// st_blocks * 512.
+    pub allocated: u64,
+    pub nlink: u64,
+    pub regular: bool,
+}
+
+/// One open fd of a process on a tmpfs-or-other file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdEntry {
+    pub fd: i32,
+    pub stat: FileStat,
+    /// The file's last path component (escaped), as /proc/PID/fd shows it.
+    pub name: Option<String>,
+}
+
+/// One file mapping of a process, from /proc/PID/maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsEntry {
+    pub start: Addr,
+    pub end: Addr,
+    pub file_offset: u64,
+    pub dev: Dev,
+    pub ino: u64,
+    /// Last path component (escaped).
+    pub name: Option<String>,
+}
+
+pub trait Host {
+    /// shmtrace's own pid and mount namespace.
+    fn self_pid(&self) -> u32;
+    fn self_ns(&self) -> u32;
+    /// (ppid, comm) of a live process.
+    fn proc_stat(&self, pid: u32) -> Option<(u32, String)>;
+    /// Its command line, escaped, arguments joined by spaces.
+    fn cmdline(&self, pid: u32) -> Option<String>;
+    fn mnt_ns(&self, pid: u32) -> Option<u32>;
+    /// The mount table of namespace `ns`, read through its anchor (made
+    /// now through `via`, a process inside it, if there is none yet).
+    fn mountinfo(&mut self, ns: u32, via: u32) -> Option<Vec<Mount>>;
+    /// The namespaces anchored so far.
+    fn anchored(&self) -> Vec<u32>;
+    fn anchor_of(&self, ns: u32) -> Option<u32>;
+    /// Lets namespace `ns` go (its anchor exits).
+    fn release(&mut self, ns: u32);
+    /// statfs of `mountpoint` as seen in namespace `ns`, through its anchor
+    /// or one of `via`, and only if that path really is device `dev` there.
+    fn statfs(&self, dev: Dev, ns: u32, mountpoint: &str, via: &[u32]) -> Option<Usage>;
+    /// File mappings of `pid`.
+    fn maps(&self, pid: u32) -> Vec<MapsEntry>;
+    /// Open fds of `pid` on regular files (None: the process is gone).
+    fn fds(&self, pid: u32) -> Option<Vec<FdEntry>>;
+    fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat>;
+    /// stat of file (dev, ino) through one of `pid`'s mappings of it.
+    fn stat_mapped(&self, pid: u32, dev: Dev, ino: u64) -> Option<FileStat>;
+    /// stat of the file behind the mapping [start, end) of `pid`.
+    fn stat_map_range(&self, pid: u32, start: Addr, end: Addr) -> Option<FileStat>;
+    /// Where `pid`'s fd `dirfd` (None: its working directory) points.
+    fn dir_of(&self, pid: u32, dirfd: Option<i32>) -> Option<String>;
+    /// The cgroup path that names `pid`'s container.
+    fn cgroup(&self, pid: u32) -> Option<String>;
+    /// The cgroup v2 path of cgroup id `id` (a walk of the hierarchy, at
+    /// most once a second on a miss).
+    fn cgroup_path(&mut self, id: u64) -> Option<String>;
+}

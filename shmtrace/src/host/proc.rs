@@ -1,0 +1,415 @@
+//! The real host: /proc, statfs, stat, cgroupfs, and the namespace anchors.
+
+use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, time::Instant};
+
+use super::{FdEntry, FileStat, Host, MapsEntry, anchors::Anchors};
+use crate::{
+    escape,
+    event::{Addr, Dev},
+    state::mounts::{self, Mount, Usage},
+};
+
+pub struct ProcHost {
+    self_pid: u32,
+    self_ns: u32,
+    anchors: Anchors,
+    /// cgroup v2 id -> path, from the last walk of the hierarchy.
+    cgroup_ids: HashMap<u64, String>,
+    last_walk: Option<Instant>,
+}
+
+impl Default for ProcHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProcHost {
+    pub fn new() -> Self {
+        let self_ns = mnt_ns_of("self").unwrap_or(0);
+        Self {
+            self_pid: std::process::id(),
+            self_ns,
+            anchors: Anchors::new(self_ns),
+            cgroup_ids: HashMap::new(),
+            last_walk: None,
+        }
+    }
+}
+
+impl Host for ProcHost {
+    fn self_pid(&self) -> u32 {
+        self.self_pid
+    }
+
+    fn self_ns(&self) -> u32 {
+        self.self_ns
+    }
+
+    fn proc_stat(&self, pid: u32) -> Option<(u32, String)> {
+        read_stat(pid)
+    }
+
+    fn cmdline(&self, pid: u32) -> Option<String> {
+        read_cmdline(pid)
+    }
+
+    fn mnt_ns(&self, pid: u32) -> Option<u32> {
+        mnt_ns_of(&pid.to_string())
+    }
+
+    fn mountinfo(&mut self, ns: u32, via: u32) -> Option<Vec<Mount>> {
+        let reader = self.anchors.ensure(ns, via).unwrap_or(via);
+        let text = std::fs::read_to_string(format!("/proc/{reader}/mountinfo")).ok()?;
+        Some(mounts::parse_mountinfo(&text))
+    }
+
+    fn anchored(&self) -> Vec<u32> {
+        self.anchors.namespaces()
+    }
+
+    fn anchor_of(&self, ns: u32) -> Option<u32> {
+        self.anchors.get(ns)
+    }
+
+    fn release(&mut self, ns: u32) {
+        self.anchors.release(ns);
+    }
+
+    fn statfs(&self, dev: Dev, ns: u32, mountpoint: &str, via: &[u32]) -> Option<Usage> {
+        // The anchor (shmtrace itself for its own namespace) nearly always
+        // answers; live processes of the namespace are the fallback.
+        for c in self.anchors.get(ns).into_iter().chain(via.iter().copied()) {
+            let path = format!("/proc/{c}/root{mountpoint}");
+            let Ok(st) = nix::sys::stat::stat(path.as_str()) else {
+                continue;
+            };
+            if dev_of(st.st_dev) != dev {
+                continue;
+            }
+            if let Some(u) = statfs_path(&path) {
+                return Some(u);
+            }
+        }
+        None
+    }
+
+    fn maps(&self, pid: u32) -> Vec<MapsEntry> {
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .map(|t| parse_maps(&t))
+            .unwrap_or_default()
+    }
+
+    fn fds(&self, pid: u32) -> Option<Vec<FdEntry>> {
+        let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+        let mut out = Vec::new();
+        for e in dir.flatten() {
+            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(st) = nix::sys::stat::stat(&e.path()) else {
+                continue;
+            };
+            let stat = file_stat(&st);
+            if !stat.regular {
+                continue;
+            }
+            let name = std::fs::read_link(e.path()).ok().map(|l| last_component(&l));
+            out.push(FdEntry { fd, stat, name });
+        }
+        Some(out)
+    }
+
+    fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat> {
+        nix::sys::stat::stat(format!("/proc/{pid}/fd/{fd}").as_str())
+            .ok()
+            .map(|st| file_stat(&st))
+    }
+
+    fn stat_mapped(&self, pid: u32, dev: Dev, ino: u64) -> Option<FileStat> {
+        // map_files links are named by the kernel's VMA, which may have
+        // merged several of our mappings: take the range from /proc.
+        self.maps(pid)
+            .into_iter()
+            .filter(|m| m.dev == dev && m.ino == ino)
+            .find_map(|m| self.stat_map_range(pid, m.start, m.end))
+            .filter(|st| st.ino == ino)
+    }
+
+    fn stat_map_range(&self, pid: u32, start: Addr, end: Addr) -> Option<FileStat> {
+        nix::sys::stat::stat(format!("/proc/{pid}/map_files/{:x}-{:x}", start.0, end.0).as_str())
+            .ok()
+            .map(|st| file_stat(&st))
+    }
+
+    fn dir_of(&self, pid: u32, dirfd: Option<i32>) -> Option<String> {
+        let link = match dirfd {
+            Some(fd) => format!("/proc/{pid}/fd/{fd}"),
+            None => format!("/proc/{pid}/cwd"),
+        };
+        std::fs::read_link(link)
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    fn cgroup(&self, pid: u32) -> Option<String> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        Some(container_cgroup(&text))
+    }
+
+    fn cgroup_path(&mut self, id: u64) -> Option<String> {
+        if !self.cgroup_ids.contains_key(&id)
+            && self.last_walk.is_none_or(|t| t.elapsed().as_secs() >= 1)
+        {
+            self.last_walk = Some(Instant::now());
+            if let Some(root) = v2_root() {
+                let root = Path::new(root);
+                walk(root, root, &mut self.cgroup_ids, 0);
+            }
+        }
+        self.cgroup_ids.get(&id).cloned()
+    }
+}
+
+pub fn dev_of(st_dev: u64) -> Dev {
+    Dev::new(libc::major(st_dev), libc::minor(st_dev))
+}
+
+fn file_stat(st: &nix::sys::stat::FileStat) -> FileStat {
+    FileStat {
+        dev: dev_of(st.st_dev),
+        ino: st.st_ino,
+        size: st.st_size,
+        allocated: st.st_blocks as u64 * 512,
+        nlink: st.st_nlink,
+        regular: st.st_mode & libc::S_IFMT == libc::S_IFREG,
+    }
+}
+
+fn last_component(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let s = s.trim_end_matches(" (deleted)");
+    escape::str(s.rsplit('/').next().unwrap_or(s))
+}
+
+/// statfs of a path, in bytes.
+pub fn statfs_path(path: &str) -> Option<Usage> {
+    let st = nix::sys::statfs::statfs(path).ok()?;
+    let bsize = st.block_size() as u64;
+    Some(Usage {
+        size_bytes: st.blocks() * bsize,
+        used_bytes: (st.blocks() - st.blocks_free()) * bsize,
+        inodes: st.files(),
+        inodes_used: st.files() - st.files_free(),
+    })
+}
+
+/// Inode number of /proc/<who>/ns/mnt.
+pub fn mnt_ns_of(who: &str) -> Option<u32> {
+    std::fs::metadata(format!("/proc/{who}/ns/mnt"))
+        .ok()
+        .map(|m| m.ino() as u32)
+}
+
+/// Reads /proc/PID/cmdline, escaped, arguments joined by spaces.
+pub fn read_cmdline(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    if raw.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let s = escape::bytes(p);
+            if s.contains(' ') { format!("'{s}'") } else { s }
+        })
+        .collect();
+    Some(parts.join(" "))
+}
+
+/// (ppid, comm) from /proc/PID/stat.
+pub fn read_stat(pid: u32) -> Option<(u32, String)> {
+    let raw = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&raw)
+}
+
+fn parse_stat(raw: &[u8]) -> Option<(u32, String)> {
+    // comm is in parentheses and may itself contain ") ".
+    let open = raw.iter().position(|&b| b == b'(')?;
+    let close = raw.iter().rposition(|&b| b == b')')?;
+    let comm = escape::bytes(&raw[open + 1..close]);
+    let rest = std::str::from_utf8(&raw[close + 1..]).ok()?;
+    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+    Some((ppid, comm))
+}
+
+/// Live descendants of `root` (not including it), from /proc.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parents = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())
+                && let Some((ppid, _)) = read_stat(pid)
+            {
+                parents.insert(pid, ppid);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (&child, &parent) in &parents {
+            if parent == p && child != root && !out.contains(&child) {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// Every pid in /proc but ours.
+pub fn all_pids() -> std::io::Result<Vec<u32>> {
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .filter(|&p| p != me)
+        .collect();
+    pids.sort();
+    Ok(pids)
+}
+
+/// File mappings in /proc/PID/maps text.
+pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // start-end perms offset maj:min inode path
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(_perms), Some(off), Some(dev), Some(ino)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = f.next().unwrap_or("").trim_start();
+        let Ok(ino) = ino.parse::<u64>() else {
+            continue;
+        };
+        if ino == 0 {
+            continue;
+        }
+        let (Some((s, e)), Some((maj, min))) = (range.split_once('-'), dev.split_once(':')) else {
+            continue;
+        };
+        let (Ok(s), Ok(e), Ok(off), Ok(maj), Ok(min)) = (
+            u64::from_str_radix(s, 16),
+            u64::from_str_radix(e, 16),
+            u64::from_str_radix(off, 16),
+            u32::from_str_radix(maj, 16),
+            u32::from_str_radix(min, 16),
+        ) else {
+            continue;
+        };
+        out.push(MapsEntry {
+            start: Addr(s),
+            end: Addr(e),
+            file_offset: off,
+            dev: Dev::new(maj, min),
+            ino,
+            name: Some(last_component(Path::new(path))),
+        });
+    }
+    out
+}
+
+/// The cgroup path that names the process's container, from
+/// /proc/PID/cgroup text: the v2 line ("0::/...") when it says more than
+/// "/", else the v1 memory controller's (hybrid hosts), else the first
+/// non-root one.
+pub fn container_cgroup(text: &str) -> String {
+    let mut v2 = None;
+    let mut memory = None;
+    let mut any = None;
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if ctrl.is_empty() {
+            v2 = Some(path.to_string());
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            memory = Some(path.to_string());
+        } else if path != "/" && any.is_none() {
+            any = Some(path.to_string());
+        }
+    }
+    match v2 {
+        Some(p) if p != "/" => p,
+        _ => memory
+            .filter(|p| p != "/")
+            .or(any)
+            .unwrap_or_else(|| "/".into()),
+    }
+}
+
+/// Where the cgroup v2 hierarchy is mounted (unified on hybrid hosts).
+fn v2_root() -> Option<&'static str> {
+    let has = |dir: &str, file: &str| Path::new(dir).join(file).exists();
+    if has("/sys/fs/cgroup/unified", "cgroup.procs") {
+        Some("/sys/fs/cgroup/unified")
+    } else if has("/sys/fs/cgroup", "cgroup.controllers") {
+        Some("/sys/fs/cgroup")
+    } else {
+        None
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usize) {
+    if depth > 16 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir())
+            && let Ok(md) = e.metadata()
+        {
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .map(|r| format!("/{}", r.display()))
+                .unwrap_or_default();
+            out.insert(md.ino(), rel);
+            walk(root, &e.path(), out, depth + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_stat_and_cgroup() {
+        let m = parse_maps(
+            "7f00000000-7f00100000 rw-s 00002000 00:28 1234 /dev/shm/torch_1 (deleted)\n\
+             7f00100000-7f00200000 rw-p 00000000 00:00 0 \n",
+        );
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].dev, Dev::new(0, 0x28));
+        assert_eq!((m[0].file_offset, m[0].ino), (0x2000, 1234));
+        assert_eq!(m[0].name.as_deref(), Some("torch_1"));
+        assert_eq!(
+            parse_stat(b"42 (a) b) S 7 42 42"),
+            Some((7, "a) b".to_string()))
+        );
+        assert_eq!(
+            container_cgroup("12:memory:/docker/abc\n0::/\n"),
+            "/docker/abc"
+        );
+        assert_eq!(container_cgroup("0::/kubepods/x\n"), "/kubepods/x");
+        assert_eq!(container_cgroup("0::/\n"), "/");
+    }
+}

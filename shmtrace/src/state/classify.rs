@@ -1,0 +1,387 @@
+//! Classification: which records are shared-memory failures, and the
+//! evidence each carries. A failure is a shm failure only when the kernel
+//! saw a tmpfs fd, the fault address is in a tmpfs mapping, or an open path
+//! lies on a tmpfs mount; everything else is kept aside or dropped.
+
+use super::{
+    PAGE, State,
+    failures::{Failure, Holder, MountAtFailure, OtherSignal},
+    mappings::Mapping,
+};
+use crate::{
+    event::{Dev, Event, FailedCall, Header, MountPages, Syscall},
+    host::Host,
+    signals,
+    units::human_bytes,
+};
+
+const BUS_ADRERR: i32 = 2;
+const ENOSPC: i32 = libc::ENOSPC;
+const EDQUOT: i32 = libc::EDQUOT;
+const EFBIG: i32 = libc::EFBIG;
+const ENOMEM: i32 = libc::ENOMEM;
+
+impl State {
+    pub(super) fn on_sigbus(&mut self, ev: &Event, host: &mut dyn Host) {
+        let Event::Sigbus {
+            h,
+            target,
+            target_tid,
+            si_code: code,
+            addr,
+            mount,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let (target, target_tid, code, addr) = (*target, *target_tid, *code, *addr);
+        let other = |reason| OtherSignal {
+            ts_ns: h.ts_ns,
+            pid: target,
+            tid: target_tid,
+            sender_pid: h.pid,
+            si_code: code,
+            si_code_name: signals::sigbus_code_name(code),
+            fault_addr: addr.to_string(),
+            reason,
+        };
+        if code <= 0 {
+            // Sent by a process, not by a fault: a handler re-raising it
+            // (PyTorch's worker handler does) or kill -BUS.
+            if h.pid == target {
+                self.procs.reraised_sigbus(target);
+                self.failures.not_shm(other(
+                    "raised by the process itself (a handler re-raising it)",
+                ));
+            } else {
+                self.failures.not_shm(other("sent by another process"));
+            }
+            return;
+        }
+        // A handler that returns (Rust's runtime installs one) makes the
+        // same access fault again: one failure, counted, not collateral.
+        if self.failures.refaulted(target_tid, addr) {
+            return;
+        }
+        let mapping = self.maps.find(target, addr).cloned().or_else(|| {
+            // Mapped before we saw it (or the event was lost): ask /proc.
+            host.maps(target)
+                .into_iter()
+                .filter(|m| self.mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()))
+                .find(|m| m.start <= addr && addr < m.end)
+                .map(|m| Mapping {
+                    start: m.start,
+                    end: m.end,
+                    file_offset: m.file_offset,
+                    dev: m.dev,
+                    ino: m.ino,
+                    name: m.name,
+                    size: -1,
+                })
+        });
+        let Some(m) = mapping else {
+            self.failures
+                .not_shm(other("fault address is not in a tmpfs mapping"));
+            return;
+        };
+        let offset = m.offset_of(addr);
+        // The file's size now: from the process's map_files link while it
+        // lives, else the last ftruncate we saw, else the size when mapped.
+        let size = host
+            .stat_map_range(target, m.start, m.end)
+            .filter(|st| st.ino == m.ino)
+            .map(|st| st.size)
+            .or_else(|| self.sizes.get(&(m.dev, m.ino)).copied())
+            .unwrap_or(m.size);
+        if size >= 0 && offset >= size as u64 {
+            self.failures.not_shm(other(
+                "access beyond the end of a tmpfs file (truncated), not a full tmpfs",
+            ));
+            return;
+        }
+        let at = self.mount_state(host, m.dev, h.mnt_ns, target, *mount);
+        let cause = if code == BUS_ADRERR {
+            match at.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
+                Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
+                    "the tmpfs had no free page for this write (full)".to_string()
+                }
+                Some(_) => "the page could not be allocated on tmpfs (it had room by the time it was measured: another process freed space)".to_string(),
+                None => "the page could not be allocated on tmpfs".to_string(),
+            }
+        } else {
+            format!("{} on a tmpfs mapping", signals::sigbus_code_name(code))
+        };
+        let path = self.file_path(host, m.dev, m.name.as_deref(), h);
+        let mut f = self.base_failure("sigbus", h, target, target_tid);
+        f.signal = Some(libc::SIGBUS);
+        f.si_code = Some(code);
+        f.si_code_name = Some(signals::sigbus_code_name(code));
+        f.fault_addr = Some(addr.to_string());
+        f.path = path;
+        f.kdev = Some(m.dev);
+        f.ino = Some(m.ino);
+        f.offset = Some(offset);
+        f.bytes = Some(PAGE);
+        f.file_size = (size >= 0).then_some(size);
+        f.cause = cause;
+        f.mount = at;
+        self.record(host, f);
+    }
+
+    pub(super) fn on_syscall_failure(&mut self, ev: &Event, host: &mut dyn Host) {
+        let Event::SyscallFailed { h, errno, call } = ev else {
+            return;
+        };
+        let errno = *errno;
+        let sc = call.syscall().name();
+        let errno_kind = match errno {
+            ENOSPC => "enospc",
+            EDQUOT => "edquot",
+            EFBIG => "efbig",
+            ENOMEM => "enomem",
+            _ => "error",
+        };
+        let mut f = self.base_failure(errno_kind, h, h.pid, h.tid);
+        f.syscall = Some(sc);
+        f.errno = Some(errno);
+        f.errno_name = Some(signals::errno_name(errno));
+        match call {
+            FailedCall::Open { dirfd, path, .. } => {
+                let Some((path, mount)) = self.resolve_open_path(host, h, *dirfd, path) else {
+                    return; // not under a tmpfs mount: not a shm failure
+                };
+                f.path = Some(path);
+                f.kdev = Some(mount);
+                f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
+                f.cause = match f
+                    .mount
+                    .as_ref()
+                    .and_then(|m| Some((m.inodes?, m.inodes_used?)))
+                {
+                    Some((total, used)) if total > 0 && used + 1 >= total => {
+                        format!(
+                            "creating a file failed: the tmpfs inode limit ({total}) is reached"
+                        )
+                    }
+                    _ => format!(
+                        "creating a file on tmpfs failed: {}",
+                        signals::errno_text(errno)
+                    ),
+                };
+            }
+            FailedCall::Mremap {
+                old_addr, new_len, ..
+            } => {
+                let Some(m) = self.maps.find(h.pid, *old_addr).cloned() else {
+                    return;
+                };
+                f.kind = "mremap_error";
+                f.path = self.file_path(host, m.dev, m.name.as_deref(), h);
+                f.kdev = Some(m.dev);
+                f.ino = Some(m.ino);
+                f.offset = Some(m.offset_of(*old_addr));
+                f.bytes = Some(*new_len);
+                f.mount = self.mount_state(host, m.dev, h.mnt_ns, h.pid, None);
+                f.cause = format!(
+                    "mremap of a tmpfs mapping failed: {}",
+                    signals::errno_text(errno)
+                );
+            }
+            FailedCall::OnFile {
+                syscall,
+                offset,
+                bytes,
+                file,
+                ..
+            } => {
+                if *syscall == Syscall::Mmap {
+                    f.kind = "mmap_error";
+                }
+                self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
+                f.path = self.file_path(host, file.dev, file.name.as_deref(), h);
+                f.kdev = Some(file.dev);
+                f.ino = Some(file.ino);
+                f.offset = *offset;
+                f.bytes = *bytes;
+                f.file_size = Some(file.size);
+                f.unlinked = Some(file.unlinked);
+                f.mount = self.mount_state(host, file.dev, h.mnt_ns, h.pid, Some(file.mount));
+                f.cause = match (syscall, errno_kind) {
+                    (Syscall::Mmap, _) => format!(
+                        "mmap of a tmpfs file failed: {}",
+                        signals::errno_text(errno)
+                    ),
+                    (_, "enospc") => match (*bytes, f.mount.as_ref().and_then(|m| m.free_bytes)) {
+                        (Some(b), Some(free)) if human_bytes(b) == human_bytes(free) => format!(
+                            "{sc} asked for {b} bytes but the tmpfs had {free} bytes free (No space left on device)"
+                        ),
+                        (Some(b), Some(free)) => format!(
+                            "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
+                            human_bytes(b),
+                            human_bytes(free)
+                        ),
+                        _ => format!("{sc} found the tmpfs full (No space left on device)"),
+                    },
+                    _ => format!("{sc} on tmpfs failed: {}", signals::errno_text(errno)),
+                };
+            }
+        }
+        self.record(host, f);
+    }
+
+    pub(super) fn on_oom(&mut self, ev: &Event, host: &mut dyn Host) {
+        let Event::OomVictim {
+            h,
+            victim,
+            shmem_rss,
+        } = ev
+        else {
+            return;
+        };
+        let held = if *shmem_rss > 0 {
+            format!(" holding {} of shared memory", human_bytes(*shmem_rss))
+        } else {
+            String::new()
+        };
+        let mut f = self.base_failure("oom_kill", h, *victim, *victim);
+        f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
+        f.cause = format!(
+            "the OOM killer chose this process{held} (shared memory pages count against its memory cgroup)"
+        );
+        self.record(host, f);
+    }
+
+    /// A failure of `pid` with what the process tree knows of it.
+    fn base_failure(&self, kind: &'static str, h: &Header, pid: u32, tid: u32) -> Failure {
+        let p = self.procs.get(pid);
+        let mut f = Failure::new(kind, h.ts_ns, pid, tid);
+        f.time_s = self.since_start(h.ts_ns);
+        f.ppid = p
+            .map(|p| p.ppid)
+            .unwrap_or(if pid == h.pid { h.ppid } else { 0 });
+        f.comm = p.map(|p| p.comm.clone()).unwrap_or_else(|| h.comm.clone());
+        f.ancestry = self.procs.ancestry(pid);
+        f.mnt_ns = p.map(|p| p.mnt_ns).unwrap_or(h.mnt_ns);
+        f
+    }
+
+    fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
+        f.dev = f.kdev.map(|d| d.to_string());
+        if let Some(dev) = f.kdev
+            && self.failures.is_first_on(dev)
+        {
+            // The first failure on this mount: refresh who holds what now,
+            // while the processes involved are most likely still there.
+            self.refresh_files(host);
+            f.holders = self
+                .files
+                .holders_on(dev)
+                .into_iter()
+                .filter(|&(_, b)| b > 0)
+                .take(5)
+                .map(|(pid, held_bytes)| Holder {
+                    pid,
+                    comm: self
+                        .procs
+                        .get(pid)
+                        .map(|p| p.comm.clone())
+                        .unwrap_or_default(),
+                    held_bytes,
+                })
+                .collect();
+            f.events_before = self.evidence.recent_on(dev);
+        }
+        let cgid = self.procs.get(f.pid).map(|p| p.cgroup_id).unwrap_or(0);
+        f.container = match self.container_of_id(host, cgid) {
+            Some(c) => Some(c),
+            None => self.container_of_pid(host, f.pid),
+        };
+        self.failures.recorded(f);
+    }
+
+    /// "/dev/shm/name" from a device and the kernel's name for the file.
+    fn file_path(
+        &mut self,
+        host: &mut dyn Host,
+        dev: Dev,
+        name: Option<&str>,
+        h: &Header,
+    ) -> Option<String> {
+        let name = name?;
+        self.ensure_mount(host, dev, h.mnt_ns, h.pid);
+        Some(self.mounts.path_of(dev, name))
+    }
+
+    /// Resolves an open*() path to an absolute path on a tmpfs mount.
+    fn resolve_open_path(
+        &mut self,
+        host: &mut dyn Host,
+        h: &Header,
+        dirfd: Option<i32>,
+        path: &str,
+    ) -> Option<(String, Dev)> {
+        let abs = if path.starts_with('/') {
+            path.to_string()
+        } else {
+            format!("{}/{path}", host.dir_of(h.pid, dirfd)?)
+        };
+        // Mounts change (unshare + mount): read them fresh for a failure.
+        self.refresh_mounts(host, h.mnt_ns, h.pid);
+        let m = self.mounts.for_path(h.mnt_ns, &abs)?;
+        m.is_tmpfs()
+            .then(|| (crate::escape::str(&abs), m.dev))
+    }
+
+    /// Size and use of mount `dev` at the event: the kernel's superblock
+    /// counters read by the eBPF program at that instant when the event
+    /// carries them, else statfs right now (exact, but later: a process that
+    /// died since may have freed its pages). Inode counts come from statfs.
+    fn mount_state(
+        &mut self,
+        host: &mut dyn Host,
+        dev: Dev,
+        ns: u32,
+        pid: u32,
+        kernel: Option<MountPages>,
+    ) -> Option<MountAtFailure> {
+        self.ensure_mount(host, dev, ns, pid);
+        let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
+        let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
+        let mut out = MountAtFailure {
+            mountpoint: mountpoint.as_deref().map(crate::escape::str),
+            dev: dev.to_string(),
+            mount_ns: ns,
+            size_bytes: None,
+            used_bytes: None,
+            free_bytes: None,
+            inodes: None,
+            inodes_used: None,
+            source: "none",
+        };
+        if let Some(mp) = &mountpoint {
+            let mut via = vec![pid];
+            via.extend(self.members_of(ns));
+            if let Some(u) = host.statfs(dev, ns, mp, &via) {
+                out.size_bytes = Some(u.size_bytes);
+                out.used_bytes = Some(u.used_bytes);
+                out.free_bytes = Some(u.free_bytes());
+                out.inodes = Some(u.inodes);
+                out.inodes_used = Some(u.inodes_used);
+                out.source = "statfs";
+            }
+        }
+        if let Some(k) = kernel
+            && k.dev == dev
+            && k.max_pages > 0
+        {
+            let size = k.max_pages * PAGE;
+            let used = (k.used_pages * PAGE).min(size);
+            out.size_bytes = Some(size);
+            out.used_bytes = Some(used);
+            out.free_bytes = Some(size - used);
+            out.source = "kernel";
+        }
+        Some(out)
+    }
+}

@@ -1,0 +1,64 @@
+//! The timeline kept as evidence: the last events on each tmpfs mount (shown
+//! with the first failure there), and how many events of each kind came.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::event::Dev;
+
+/// Events kept per mount.
+const RECENT: usize = 8;
+
+#[derive(Default)]
+pub struct Evidence {
+    recent: HashMap<Dev, VecDeque<String>>,
+    pub events_seen: u64,
+    pub by_kind: BTreeMap<&'static str, u64>,
+}
+
+impl Evidence {
+    pub fn counted(&mut self, kind: &'static str) {
+        self.events_seen += 1;
+        *self.by_kind.entry(kind).or_default() += 1;
+    }
+
+    /// One line about an event on mount `dev`; the oldest goes past RECENT.
+    pub fn noted(&mut self, dev: Dev, line: String) {
+        let q = self.recent.entry(dev).or_default();
+        if q.len() >= RECENT {
+            q.pop_front();
+        }
+        q.push_back(line);
+    }
+
+    pub fn recent_on(&self, dev: Dev) -> Vec<String> {
+        self.recent
+            .get(&dev)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn forget_dev(&mut self, dev: Dev) {
+        self.recent.remove(&dev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_last_lines_per_mount() {
+        let mut e = Evidence::default();
+        for i in 0..12 {
+            e.noted(Dev(1), format!("line {i}"));
+        }
+        e.noted(Dev(2), "other".into());
+        let r = e.recent_on(Dev(1));
+        assert_eq!(r.len(), RECENT);
+        assert_eq!(r.first().map(String::as_str), Some("line 4"));
+        assert_eq!(e.recent_on(Dev(2)), vec!["other".to_string()]);
+        e.counted("fork");
+        e.counted("fork");
+        assert_eq!((e.events_seen, e.by_kind["fork"]), (2, 2));
+    }
+}

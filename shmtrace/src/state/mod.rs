@@ -1,0 +1,415 @@
+//! State: what the events say, kept in small components, each owning one
+//! kind of fact. [`State::apply`] routes each typed event to them; every
+//! read of the machine goes through the [`Host`] it is given, so a unit
+//! test drives it with a fixture host and a synthetic event stream.
+
+pub mod classify;
+pub mod containers;
+pub mod evidence;
+pub mod failures;
+pub mod files;
+pub mod mappings;
+pub mod mounts;
+pub mod procs;
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    event::{Dev, Event, FileRef, Header},
+    host::Host,
+    units::human_bytes,
+};
+
+use self::{
+    containers::{Container, Containers},
+    evidence::Evidence,
+    failures::Failures,
+    files::{Files, Seen, Via},
+    mappings::{Mapping, MappingTable},
+    mounts::{MountStats, MountTables},
+    procs::{Proc, ProcessTree},
+};
+
+const PAGE: u64 = 4096;
+
+pub struct State {
+    /// CLOCK_MONOTONIC when shmtrace started (times are shown after it).
+    pub start_ns: u64,
+    pub procs: ProcessTree,
+    pub maps: MappingTable,
+    pub mounts: MountTables,
+    pub mount_stats: MountStats,
+    /// Who holds the bytes.
+    pub files: Files,
+    pub containers: Containers,
+    pub failures: Failures,
+    pub evidence: Evidence,
+    /// Latest known i_size of tmpfs files, from ftruncate.
+    sizes: HashMap<(Dev, u64), i64>,
+    /// Node-wide: let go of mount namespaces whose processes have all been
+    /// gone this long (a long-running tracer must not keep dead containers'
+    /// /dev/shm alive). None: keep them until shmtrace exits.
+    pub release_idle_namespaces: Option<Duration>,
+    /// When each anchored namespace was last seen with a live process.
+    ns_last_alive: HashMap<u32, Instant>,
+}
+
+impl State {
+    pub fn new(start_ns: u64, host: &mut dyn Host) -> Self {
+        let mut s = Self {
+            start_ns,
+            procs: ProcessTree::default(),
+            maps: MappingTable::default(),
+            mounts: MountTables::default(),
+            mount_stats: MountStats::default(),
+            files: Files::default(),
+            containers: Containers::default(),
+            failures: Failures::default(),
+            evidence: Evidence::default(),
+            sizes: HashMap::new(),
+            release_idle_namespaces: None,
+            ns_last_alive: HashMap::new(),
+        };
+        let (ns, me) = (host.self_ns(), host.self_pid());
+        s.refresh_mounts(host, ns, me);
+        s
+    }
+
+    /// Seconds since shmtrace started, for humans.
+    pub fn since_start(&self, ts_ns: u64) -> f64 {
+        ts_ns.saturating_sub(self.start_ns) as f64 / 1e9
+    }
+
+    /// Registers a process found in /proc: the `run` command or `--pid`
+    /// target (`root`), or one seeded node-wide, with what it already maps.
+    /// Returns whether it already has tmpfs mappings.
+    pub fn add_existing(&mut self, host: &mut dyn Host, pid: u32, ts: u64, root: bool) -> bool {
+        let (ppid, comm) = host.proc_stat(pid).unwrap_or((0, String::new()));
+        let ns = host.mnt_ns(pid).unwrap_or(0);
+        let mut p = Proc::new(pid, ppid, ts);
+        p.comm = comm;
+        p.cmdline = host.cmdline(pid);
+        p.root = root;
+        p.mnt_ns = ns;
+        self.procs.adopted(p);
+        self.refresh_mounts(host, ns, pid);
+        let mut any = false;
+        for m in host.maps(pid) {
+            if self.mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()) {
+                self.maps.mapped(
+                    pid,
+                    Mapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.file_offset,
+                        dev: m.dev,
+                        ino: m.ino,
+                        name: m.name,
+                        size: -1,
+                    },
+                );
+                any = true;
+            }
+        }
+        // What it holds already counts from the first screen.
+        self.files.want_rescan(pid);
+        any
+    }
+
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.procs.alive().map(|p| p.pid).collect()
+    }
+
+    /// One event, in kernel-time order.
+    pub fn apply(&mut self, ev: &Event, host: &mut dyn Host) {
+        self.evidence.counted(ev.name());
+        let h = ev.header();
+        // A SIGBUS header is its sender and an OOM kill's is whoever ran
+        // out: neither says anything about the process it is about.
+        if !matches!(ev, Event::Sigbus { .. } | Event::OomVictim { .. }) {
+            self.procs.seen(h);
+            // First sight of a mount namespace: anchor it while a process
+            // of it is surely alive (this one, at this event).
+            if host.anchor_of(h.mnt_ns).is_none() {
+                self.refresh_mounts(host, h.mnt_ns, h.pid);
+            }
+        }
+        match ev {
+            Event::Fork { h, child } => {
+                self.procs.forked(h, *child);
+                self.maps.forked(h.pid, *child);
+                self.files.forked(h.pid, *child);
+                self.containers.inherit(h.pid, *child);
+            }
+            Event::Exec { h, filename, .. } => {
+                self.maps.cleared(h.pid);
+                let cmdline = host.cmdline(h.pid).unwrap_or_else(|| filename.clone());
+                self.procs.execed(h.pid, cmdline);
+                // A new program may have changed its mounts (unshare + mount).
+                self.refresh_mounts(host, h.mnt_ns, h.pid);
+                self.files.want_rescan(h.pid);
+                self.containers.forget(h.pid);
+                self.container_of_pid(host, h.pid);
+            }
+            Event::Exit { h, status } => {
+                self.procs.exited(h.pid, h.ts_ns, *status);
+                self.maps.cleared(h.pid);
+                self.files.gone(h.pid);
+            }
+            Event::Opened {
+                h,
+                fd,
+                flags,
+                file,
+                ..
+            } => {
+                let creat = flags & libc::O_CREAT as u64 != 0;
+                let created = creat && file.size == 0 && file.allocated == 0;
+                self.files.opened(h.pid, *fd, file.key(), created);
+                self.saw_file(h, ev.name(), file);
+                self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
+            }
+            Event::Closed { h, fd } => self.files.closed(h.pid, *fd),
+            // It may hold new tmpfs fds now: look at its fds on the next tick.
+            Event::FdsReceived { h, .. } => self.files.want_rescan(h.pid),
+            Event::Mapped {
+                h,
+                addr,
+                len,
+                offset,
+                file,
+                ..
+            } => {
+                self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
+                self.maps.mapped(
+                    h.pid,
+                    Mapping {
+                        start: *addr,
+                        end: crate::event::Addr(addr.0 + len.div_ceil(PAGE) * PAGE),
+                        file_offset: *offset,
+                        dev: file.dev,
+                        ino: file.ino,
+                        name: file.name.clone(),
+                        size: file.size,
+                    },
+                );
+                self.saw_file(h, ev.name(), file);
+                // Mapping an fd we never saw opened: it came over a socket,
+                // by dup or by fork. Look at its fds on the next tick.
+                self.files.want_rescan(h.pid);
+            }
+            Event::Unmapped { h, addr, len } => self.maps.unmapped(h.pid, *addr, *len),
+            Event::Remapped {
+                h,
+                old_addr,
+                old_len,
+                new_addr,
+                new_len,
+            } => self
+                .maps
+                .remapped(h.pid, *old_addr, *old_len, *new_addr, *new_len),
+            Event::SigbusDelivered { h, handler, .. } => {
+                self.procs.sigbus_delivered(h.pid, *handler)
+            }
+            Event::Truncated { h, file, .. } => {
+                self.sizes.insert(file.key(), file.size);
+                self.saw_file(h, ev.name(), file);
+            }
+            Event::Sigbus { .. } => self.on_sigbus(ev, host),
+            Event::SyscallFailed { .. } => self.on_syscall_failure(ev, host),
+            Event::OomVictim { .. } => self.on_oom(ev, host),
+        }
+    }
+
+    /// A tmpfs file the kernel described in an event of `h`'s process.
+    fn saw_file(&mut self, h: &Header, kind: &'static str, file: &FileRef) {
+        // The last events on each mount: evidence for a failure there.
+        let line = format!(
+            "+{:.6}s pid {} ({}) {} {} (size {}, {} allocated)",
+            self.since_start(h.ts_ns),
+            h.pid,
+            h.comm,
+            kind,
+            file.name.as_deref().unwrap_or("?"),
+            human_bytes(file.size.max(0) as u64),
+            human_bytes(file.allocated)
+        );
+        self.evidence.noted(file.dev, line);
+        self.files.seen(
+            file.key(),
+            Seen {
+                name: file.name.as_deref(),
+                size: file.size,
+                allocated: file.allocated,
+                unlinked: file.unlinked,
+            },
+            h.pid,
+        );
+    }
+
+    /// Reads namespace `ns`'s mount table (through `pid`, a process in it).
+    fn refresh_mounts(&mut self, host: &mut dyn Host, ns: u32, pid: u32) -> bool {
+        if ns == 0 {
+            return false;
+        }
+        match host.mountinfo(ns, pid) {
+            Some(ms) => {
+                self.mounts.learn(ns, ms);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Makes sure device `dev` is in some mount table, reading them if not.
+    fn ensure_mount(&mut self, host: &mut dyn Host, dev: Dev, ns: u32, pid: u32) {
+        if self.mounts.by_dev(dev).is_some() || self.mounts.is_unmounted(dev) {
+            return;
+        }
+        let read = self.refresh_mounts(host, ns, pid);
+        if self.mounts.by_dev(dev).is_none() {
+            // A device from another namespace: try every anchored one.
+            for ns in host.anchored() {
+                if let Some(anchor) = host.anchor_of(ns) {
+                    self.refresh_mounts(host, ns, anchor);
+                }
+            }
+        }
+        if read && self.mounts.by_dev(dev).is_none() {
+            self.mounts.mark_unmounted(dev);
+        }
+    }
+
+    /// The container of `pid`, asking the host once.
+    fn container_of_pid(&mut self, host: &mut dyn Host, pid: u32) -> Option<Container> {
+        if !self.containers.knows_pid(pid)
+            && let Some(path) = host.cgroup(pid)
+        {
+            self.containers.learn_pid(pid, path);
+        }
+        self.containers.get(pid).cloned()
+    }
+
+    /// The container of cgroup id `id`, asking the host on a miss.
+    fn container_of_id(&mut self, host: &mut dyn Host, id: u64) -> Option<Container> {
+        if id > 1
+            && !self.containers.knows_id(id)
+            && let Some(path) = host.cgroup_path(id)
+        {
+            self.containers.learn_id(id, path);
+        }
+        self.containers.of_id(id).cloned()
+    }
+
+    /// Live processes of namespace `ns`: who can show its mounts.
+    fn members_of(&self, ns: u32) -> Vec<u32> {
+        self.procs
+            .alive()
+            .filter(|p| p.mnt_ns == ns)
+            .map(|p| p.pid)
+            .take(4)
+            .collect()
+    }
+
+    /// Node-wide: releases anchors of namespaces without live processes for
+    /// a grace period (kept that long so late failures there still resolve).
+    fn release_idle_namespaces(&mut self, host: &mut dyn Host, grace: Duration) {
+        let now = Instant::now();
+        let live: BTreeSet<u32> = self.procs.alive().map(|p| p.mnt_ns).collect();
+        for ns in host.anchored() {
+            if live.contains(&ns) {
+                self.ns_last_alive.insert(ns, now);
+            } else if now.duration_since(*self.ns_last_alive.entry(ns).or_insert(now)) > grace {
+                host.release(ns);
+                self.ns_last_alive.remove(&ns);
+                // Its own tmpfs mounts die with it: stop tracking their files.
+                for dev in self.mounts.forget_ns(ns) {
+                    self.files.forget_dev(dev);
+                    self.evidence.forget_dev(dev);
+                }
+            }
+        }
+    }
+
+    /// Attribution's refresh: fds of flagged processes, then each tracked
+    /// file's allocation through a holder.
+    fn refresh_files(&mut self, host: &mut dyn Host) {
+        for pid in self.files.take_rescans() {
+            if let Some(found) = host.fds(pid) {
+                let mounts = &self.mounts;
+                self.files.rescanned(pid, found, |d| {
+                    mounts.by_dev(d).is_some_and(|m| m.is_tmpfs())
+                });
+            }
+        }
+        self.files.set_map_holders(&self.maps.holders());
+        for (key, via) in self.files.stat_plan() {
+            let st = via.iter().find_map(|v| match *v {
+                Via::Fd(pid, fd) => host.stat_fd(pid, fd).filter(|st| st.ino == key.1),
+                Via::Map(pid) => host.stat_mapped(pid, key.0, key.1),
+            });
+            self.files.measured(key, st);
+        }
+        self.files.update_bytes();
+    }
+
+    /// The once-a-second refresh: tracked files' allocation, fd rescans,
+    /// mount use and peaks, per-process totals and containers.
+    pub fn tick(&mut self, host: &mut dyn Host) {
+        if let Some(grace) = self.release_idle_namespaces {
+            self.release_idle_namespaces(host, grace);
+        }
+        self.refresh_files(host);
+        let mut devs = self.files.devs();
+        devs.extend(self.failures.touched.keys().copied());
+        // Every known namespace's /dev/shm, files or not: its size matters
+        // before anything fills it.
+        let mut namespaces = host.anchored();
+        namespaces.push(host.self_ns());
+        for ns in namespaces {
+            if let Some(m) = self
+                .mounts
+                .for_path(ns, "/dev/shm")
+                .filter(|m| m.is_tmpfs() && m.mountpoint == "/dev/shm")
+            {
+                devs.insert(m.dev);
+            }
+        }
+        // Mounts of namespaces let go (node-wide) leave the metrics.
+        self.mount_stats.retain(&devs);
+        for dev in devs {
+            let Some(m) = self.mounts.by_dev(dev).cloned() else {
+                continue;
+            };
+            let ns = self.mounts.ns_of_dev(dev).unwrap_or(host.self_ns());
+            let usage = host.statfs(dev, ns, &m.mountpoint, &self.members_of(ns));
+            let tracked = self.files.bytes_on(dev);
+            self.mount_stats.observe(&m, ns, usage, tracked);
+        }
+        for pid in self.procs.pids() {
+            let b = self.files.bytes.get(&pid).copied().unwrap_or_default();
+            let Some(p) = self.procs.get(pid) else { continue };
+            let (alive, cgid) = (p.alive(), p.cgroup_id);
+            self.procs.set_bytes(
+                pid,
+                b.allocated,
+                b.held,
+                (b.peak_allocated, b.peak_held),
+            );
+            let container = match self.container_of_id(host, cgid) {
+                Some(c) => Some(c),
+                None if alive => self.container_of_pid(host, pid),
+                None => self.containers.get(pid).cloned(),
+            };
+            if let Some(c) = container {
+                self.procs.set_container(pid, c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

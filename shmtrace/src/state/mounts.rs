@@ -1,0 +1,307 @@
+//! tmpfs mounts: which mount a device belongs to (per mount namespace, from
+//! mountinfo text the host reads), and each mount's size and use over time.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::{escape, event::Dev};
+
+/// One line of mountinfo that matters to us.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    pub dev: Dev,
+    pub mountpoint: String,
+    pub fstype: String,
+}
+
+impl Mount {
+    pub fn is_tmpfs(&self) -> bool {
+        self.fstype == "tmpfs"
+    }
+}
+
+/// Parses /proc/PID/mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() < 6 || fields.len() < sep + 3 {
+            continue;
+        }
+        let Some((maj, min)) = fields[2].split_once(':') else {
+            continue;
+        };
+        let (Ok(maj), Ok(min)) = (maj.parse(), min.parse()) else {
+            continue;
+        };
+        out.push(Mount {
+            dev: Dev::new(maj, min),
+            mountpoint: unescape_octal(fields[4]),
+            fstype: fields[sep + 1].to_string(),
+        });
+    }
+    out
+}
+
+/// mountinfo writes space, tab, newline and backslash as \ooo.
+fn unescape_octal(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Size and use of a mount, in bytes.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub inodes: u64,
+    pub inodes_used: u64,
+}
+
+impl Usage {
+    pub fn free_bytes(&self) -> u64 {
+        self.size_bytes.saturating_sub(self.used_bytes)
+    }
+}
+
+/// Mount tables by mount namespace.
+#[derive(Default)]
+pub struct MountTables {
+    by_ns: HashMap<u32, Vec<Mount>>,
+    /// Any tmpfs mount ever seen, by device: tmpfs devices are unique
+    /// system-wide, so this answers even after the namespace is gone.
+    by_dev: HashMap<Dev, Mount>,
+    /// shmem devices found in no mount table (memfd, SysV shm).
+    unmounted: HashSet<Dev>,
+}
+
+impl MountTables {
+    /// Namespace `ns`'s mount table, as just read.
+    pub fn learn(&mut self, ns: u32, mounts: Vec<Mount>) {
+        for m in mounts.iter().filter(|m| m.is_tmpfs()) {
+            self.by_dev.entry(m.dev).or_insert_with(|| m.clone());
+        }
+        self.by_ns.insert(ns, mounts);
+    }
+
+    pub fn knows_ns(&self, ns: u32) -> bool {
+        self.by_ns.contains_key(&ns)
+    }
+
+    /// `dev` was in no mount table, even its user's: kernel-internal shmem
+    /// (memfd, SysV), mounted nowhere, ever. Remembered so that every event
+    /// on it does not re-read all mount tables.
+    pub fn mark_unmounted(&mut self, dev: Dev) {
+        self.unmounted.insert(dev);
+    }
+
+    pub fn is_unmounted(&self, dev: Dev) -> bool {
+        self.unmounted.contains(&dev)
+    }
+
+    /// Drops namespace `ns`'s table; returns the tmpfs devices that only it
+    /// had (gone with it).
+    pub fn forget_ns(&mut self, ns: u32) -> Vec<Dev> {
+        let Some(mounts) = self.by_ns.remove(&ns) else {
+            return Vec::new();
+        };
+        mounts
+            .into_iter()
+            .filter(|m| {
+                m.is_tmpfs()
+                    && !self
+                        .by_ns
+                        .values()
+                        .any(|ms| ms.iter().any(|o| o.dev == m.dev))
+            })
+            .map(|m| m.dev)
+            .collect()
+    }
+
+    /// A namespace where tmpfs `dev` is visible at its mountpoint (where to
+    /// measure it): copies of a namespace also list mounts that a later
+    /// mount on the same point hides.
+    pub fn ns_of_dev(&self, dev: Dev) -> Option<u32> {
+        let mut found: Vec<u32> = self
+            .by_ns
+            .iter()
+            .filter(|(ns, ms)| {
+                ms.iter().any(|m| {
+                    m.dev == dev && self.for_path(**ns, &m.mountpoint).map(|t| t.dev) == Some(dev)
+                })
+            })
+            .map(|(&ns, _)| ns)
+            .collect();
+        found.sort();
+        found.first().copied()
+    }
+
+    pub fn by_dev(&self, dev: Dev) -> Option<&Mount> {
+        self.by_dev.get(&dev)
+    }
+
+    /// The mount that holds absolute `path` in namespace `ns` (longest prefix).
+    pub fn for_path(&self, ns: u32, path: &str) -> Option<&Mount> {
+        // max_by_key keeps the last of equals: the mount stacked on top.
+        self.by_ns
+            .get(&ns)?
+            .iter()
+            .filter(|m| under(path, &m.mountpoint))
+            .max_by_key(|m| m.mountpoint.len())
+    }
+
+    /// "/dev/shm/name" from a device and the kernel's name for the file.
+    pub fn path_of(&self, dev: Dev, name: &str) -> String {
+        match self.by_dev(dev) {
+            Some(m) if m.mountpoint == "/" => format!("/{name}"),
+            Some(m) => format!("{}/{name}", escape::str(&m.mountpoint)),
+            None => format!("shmem:{name}"),
+        }
+    }
+}
+
+fn under(path: &str, mountpoint: &str) -> bool {
+    mountpoint == "/"
+        || path == mountpoint
+        || (path.starts_with(mountpoint) && path.as_bytes().get(mountpoint.len()) == Some(&b'/'))
+}
+
+/// A tmpfs mount's size and use, followed over time.
+#[derive(Clone, Debug, Serialize)]
+pub struct MountStat {
+    pub mountpoint: Option<String>,
+    pub dev: String,
+    pub mount_ns: u32,
+    pub size_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub peak_used_bytes: u64,
+    /// Bytes of the files shmtrace tracks on it.
+    pub tracked_bytes: u64,
+    /// tracked_bytes / used_bytes: how much of the use is explained.
+    pub explained_share: Option<f64>,
+}
+
+/// Every tmpfs mount that holds tracked files or failures, or is some
+/// namespace's /dev/shm, by device.
+#[derive(Default)]
+pub struct MountStats {
+    pub by_dev: BTreeMap<Dev, MountStat>,
+}
+
+impl MountStats {
+    /// Keeps only these devices (mounts of namespaces let go leave).
+    pub fn retain(&mut self, devs: &std::collections::BTreeSet<Dev>) {
+        self.by_dev.retain(|d, _| devs.contains(d));
+    }
+
+    /// One measurement of `m`: its use (when statfs answered) and the bytes
+    /// of the files tracked on it.
+    pub fn observe(&mut self, m: &Mount, ns: u32, usage: Option<Usage>, tracked: u64) {
+        let s = self.by_dev.entry(m.dev).or_insert_with(|| MountStat {
+            mountpoint: Some(escape::str(&m.mountpoint)),
+            dev: m.dev.to_string(),
+            mount_ns: ns,
+            size_bytes: None,
+            used_bytes: None,
+            free_bytes: None,
+            peak_used_bytes: 0,
+            tracked_bytes: 0,
+            explained_share: None,
+        });
+        s.tracked_bytes = tracked;
+        if let Some(u) = usage {
+            s.size_bytes = Some(u.size_bytes);
+            s.used_bytes = Some(u.used_bytes);
+            s.free_bytes = Some(u.free_bytes());
+            s.peak_used_bytes = s.peak_used_bytes.max(u.used_bytes);
+            s.explained_share =
+                (u.used_bytes > 0).then(|| (tracked as f64 / u.used_bytes as f64).min(1.0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
+        30 22 0:26 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,size=65536k\n\
+        31 22 0:27 / /mnt/my\\040dir rw - tmpfs none rw\n\
+        32 30 0:28 / /dev/shm/inner rw - tmpfs none rw,size=1024k\n\
+        33 30 0:29 / /dev/shm rw - tmpfs none rw,size=2048k\n";
+
+    #[test]
+    fn parses_and_finds_longest_prefix() {
+        let m = parse_mountinfo(SAMPLE);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[1].dev, Dev::new(0, 26));
+        assert_eq!(m[2].mountpoint, "/mnt/my dir");
+        let mut t = MountTables::default();
+        t.learn(1, m);
+        // The later mount on the same point hides the earlier one.
+        assert_eq!(t.for_path(1, "/dev/shm/torch_1").unwrap().dev, Dev::new(0, 29));
+        assert_eq!(t.for_path(1, "/dev/shm/inner/x").unwrap().dev, Dev::new(0, 28));
+        assert_eq!(t.for_path(1, "/dev/shmx").unwrap().fstype, "ext4");
+        assert_eq!(Dev::new(0, 26).to_string(), "0:26");
+        // The hidden /dev/shm is measured nowhere; the visible one here.
+        assert_eq!(t.ns_of_dev(Dev::new(0, 26)), None);
+        assert_eq!(t.ns_of_dev(Dev::new(0, 29)), Some(1));
+        assert_eq!(t.path_of(Dev::new(0, 29), "a b"), "/dev/shm/a b");
+        assert_eq!(t.path_of(Dev::new(0, 99), "memfd"), "shmem:memfd");
+    }
+
+    #[test]
+    fn forgetting_a_namespace_returns_only_its_own_tmpfs() {
+        let mut t = MountTables::default();
+        t.learn(1, parse_mountinfo(SAMPLE));
+        t.learn(
+            2,
+            parse_mountinfo("30 22 0:26 / /dev/shm rw - tmpfs tmpfs rw\n40 22 0:50 / /x rw - tmpfs t rw\n"),
+        );
+        let mut gone = t.forget_ns(2);
+        gone.sort();
+        assert_eq!(gone, vec![Dev::new(0, 50)]);
+        assert!(!t.knows_ns(2));
+    }
+
+    #[test]
+    fn stats_keep_the_peak() {
+        let mut s = MountStats::default();
+        let m = Mount {
+            dev: Dev::new(0, 40),
+            mountpoint: "/dev/shm".into(),
+            fstype: "tmpfs".into(),
+        };
+        let u = |used| Usage {
+            size_bytes: 100,
+            used_bytes: used,
+            inodes: 10,
+            inodes_used: 1,
+        };
+        s.observe(&m, 1, Some(u(80)), 40);
+        s.observe(&m, 1, Some(u(20)), 20);
+        let st = &s.by_dev[&m.dev];
+        assert_eq!((st.used_bytes, st.peak_used_bytes), (Some(20), 80));
+        assert_eq!(st.explained_share, Some(1.0));
+    }
+}

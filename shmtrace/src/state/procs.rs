@@ -1,0 +1,283 @@
+//! The traced process tree, as fork/exec/exit events and event headers
+//! tell it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::{
+    event::{ExitStatus, Handler, Header},
+    state::containers::Container,
+};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// Command line at its last exec (or when first seen), escaped.
+    pub cmdline: Option<String>,
+    pub mnt_ns: u32,
+    pub cgroup_id: u64,
+    /// A process shmtrace was asked to trace (the `run` command, `--pid`).
+    pub root: bool,
+    pub first_seen_ns: u64,
+    pub exit_ts_ns: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    /// How SIGBUS was last handled on delivery: "default" (fatal) or a handler.
+    pub sigbus_handler: Option<String>,
+    /// A SIGBUS handler of its own ran at least once.
+    pub sigbus_handler_ran: bool,
+    /// It raised SIGBUS again itself (PyTorch's worker handler does).
+    pub sigbus_reraised: bool,
+    /// Bytes of tmpfs pages it allocated that are still live.
+    pub allocated_bytes: u64,
+    /// Bytes of tmpfs files it keeps alive by an fd or a mapping (a file
+    /// shared by several processes counts for each).
+    pub held_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_held_bytes: u64,
+    pub container: Option<Container>,
+}
+
+impl Proc {
+    pub fn new(pid: u32, ppid: u32, ts: u64) -> Self {
+        Self {
+            pid,
+            ppid,
+            comm: String::new(),
+            cmdline: None,
+            mnt_ns: 0,
+            cgroup_id: 0,
+            root: false,
+            first_seen_ns: ts,
+            exit_ts_ns: None,
+            exit_code: None,
+            exit_signal: None,
+            sigbus_handler: None,
+            sigbus_handler_ran: false,
+            sigbus_reraised: false,
+            allocated_bytes: 0,
+            held_bytes: 0,
+            peak_allocated_bytes: 0,
+            peak_held_bytes: 0,
+            container: None,
+        }
+    }
+
+    pub fn alive(&self) -> bool {
+        self.exit_ts_ns.is_none()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Ancestor {
+    pub pid: u32,
+    pub comm: String,
+}
+
+#[derive(Default)]
+pub struct ProcessTree {
+    procs: BTreeMap<u32, Proc>,
+}
+
+impl ProcessTree {
+    /// What an event header says about its process: name, parent, namespace, cgroup.
+    pub fn seen(&mut self, h: &Header) {
+        let p = self
+            .procs
+            .entry(h.pid)
+            .or_insert_with(|| Proc::new(h.pid, h.ppid, h.ts_ns));
+        p.comm.clone_from(&h.comm);
+        if h.ppid != 0 {
+            p.ppid = h.ppid;
+        }
+        p.mnt_ns = h.mnt_ns;
+        p.cgroup_id = h.cgroup_id;
+    }
+
+    /// A process found in /proc (`--pid`, node-wide seeding) or started by `run`.
+    pub fn adopted(&mut self, p: Proc) {
+        let e = self.procs.entry(p.pid).or_insert_with(|| p.clone());
+        if e.comm.is_empty() {
+            e.comm = p.comm;
+        }
+        if p.cmdline.is_some() {
+            e.cmdline = p.cmdline;
+        }
+        e.root |= p.root;
+        e.mnt_ns = p.mnt_ns;
+    }
+
+    /// `parent` forked `child`: the child starts with the parent's command line.
+    pub fn forked(&mut self, h: &Header, child: u32) {
+        let mut p = Proc::new(child, h.pid, h.ts_ns);
+        p.comm.clone_from(&h.comm);
+        p.mnt_ns = h.mnt_ns;
+        p.cgroup_id = h.cgroup_id;
+        p.cmdline = self.procs.get(&h.pid).and_then(|pp| pp.cmdline.clone());
+        self.procs.insert(child, p);
+    }
+
+    pub fn execed(&mut self, pid: u32, cmdline: String) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.cmdline = Some(cmdline);
+        }
+    }
+
+    pub fn exited(&mut self, pid: u32, ts_ns: u64, status: ExitStatus) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.exit_ts_ns = Some(ts_ns);
+            p.exit_signal = status.signal;
+            p.exit_code = status.code;
+        }
+    }
+
+    pub fn sigbus_delivered(&mut self, pid: u32, handler: Handler) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.sigbus_handler_ran |= matches!(handler, Handler::Function(_));
+            p.sigbus_handler = Some(match handler {
+                Handler::Default => "default".into(),
+                Handler::Ignore => "ignored".into(),
+                Handler::Function(h) => format!("handler {h:#x}"),
+            });
+        }
+    }
+
+    pub fn reraised_sigbus(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.sigbus_reraised = true;
+        }
+    }
+
+    /// The latest totals from attribution.
+    pub fn set_bytes(&mut self, pid: u32, allocated: u64, held: u64, peaks: (u64, u64)) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.allocated_bytes = allocated;
+            p.held_bytes = held;
+            p.peak_allocated_bytes = peaks.0;
+            p.peak_held_bytes = peaks.1;
+        }
+    }
+
+    pub fn set_container(&mut self, pid: u32, c: Container) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.container = Some(c);
+        }
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Proc> {
+        self.procs.get(&pid)
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Proc> {
+        self.procs.values()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.keys().copied().collect()
+    }
+
+    pub fn alive(&self) -> impl Iterator<Item = &Proc> {
+        self.procs.values().filter(|p| p.alive())
+    }
+
+    /// Parents from `pid` up to the first process we do not trace (or a root).
+    pub fn ancestry(&self, pid: u32) -> Vec<Ancestor> {
+        let mut out = Vec::new();
+        let mut cur = self.procs.get(&pid).map(|p| p.ppid);
+        while let Some(pp) = cur {
+            if pp == 0 || out.len() > 64 {
+                break;
+            }
+            let Some(p) = self.procs.get(&pp) else { break };
+            out.push(Ancestor {
+                pid: pp,
+                comm: p.comm.clone(),
+            });
+            if p.root {
+                break;
+            }
+            cur = Some(p.ppid);
+        }
+        out
+    }
+
+    /// Every process under `root` (itself included), stopping at other roots.
+    pub fn tree_of(&self, root: u32) -> Vec<u32> {
+        let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for p in self.procs.values().filter(|p| !p.root && p.pid != p.ppid) {
+            children.entry(p.ppid).or_default().push(p.pid);
+        }
+        let mut pids = vec![root];
+        let mut i = 0;
+        while i < pids.len() && pids.len() < 100_000 {
+            if let Some(c) = children.get(&pids[i]) {
+                pids.extend(c.iter().copied().filter(|c| *c != root));
+            }
+            i += 1;
+        }
+        pids.sort();
+        pids.dedup();
+        pids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(pid: u32, ppid: u32, ts: u64) -> Header {
+        Header {
+            ts_ns: ts,
+            pid,
+            tid: pid,
+            ppid,
+            comm: format!("p{pid}"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fork_exec_exit_and_ancestry() {
+        let mut t = ProcessTree::default();
+        let mut root = Proc::new(10, 1, 0);
+        root.root = true;
+        root.cmdline = Some("python train.py".into());
+        t.adopted(root);
+        t.forked(&h(10, 1, 5), 11);
+        t.forked(&h(11, 10, 6), 12);
+        assert_eq!(t.get(11).unwrap().cmdline.as_deref(), Some("python train.py"));
+        t.execed(12, "/bin/helper".into());
+        assert_eq!(t.get(12).unwrap().cmdline.as_deref(), Some("/bin/helper"));
+        let anc: Vec<u32> = t.ancestry(12).iter().map(|a| a.pid).collect();
+        assert_eq!(anc, vec![11, 10], "stops at the traced root");
+        t.exited(11, 9, ExitStatus::from_kernel(7));
+        let p = t.get(11).unwrap();
+        assert_eq!((p.exit_signal, p.exit_code, p.alive()), (Some(7), None, false));
+        assert_eq!(t.alive().count(), 2);
+        assert_eq!(t.tree_of(10), vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn headers_and_sigbus_handling() {
+        let mut t = ProcessTree::default();
+        t.seen(&h(20, 2, 1));
+        t.sigbus_delivered(20, Handler::Function(0x1234));
+        t.sigbus_delivered(20, Handler::Default);
+        t.reraised_sigbus(20);
+        let p = t.get(20).unwrap();
+        assert!(p.sigbus_handler_ran && p.sigbus_reraised);
+        assert_eq!(p.sigbus_handler.as_deref(), Some("default"));
+        assert_eq!((p.ppid, p.comm.as_str()), (2, "p20"));
+    }
+}
