@@ -1,0 +1,507 @@
+//! State driven by short synthetic event streams and a fixture host: no
+//! root, no kernel, no /proc.
+
+use super::*;
+use crate::{
+    event::{Addr, ExitStatus, FailedCall, Handler, MountPages, Syscall},
+    host::{
+        FdEntry,
+        fixture::{Fixture, SELF_NS},
+    },
+    state::mounts::Mount,
+};
+
+pub const SHM: Dev = Dev(40);
+pub const MIB: u64 = 1 << 20;
+
+/// Builds events of one stream, with increasing kernel times.
+pub struct Stream {
+    ts: u64,
+}
+
+impl Stream {
+    pub fn new() -> Self {
+        Self { ts: 1_000_000 }
+    }
+
+    pub fn h(&mut self, pid: u32, ppid: u32) -> Header {
+        self.ts += 1_000;
+        Header {
+            ts_ns: self.ts,
+            pid,
+            tid: pid,
+            ppid,
+            mnt_ns: SELF_NS,
+            cgroup_id: 0,
+            comm: format!("worker_{pid}"),
+        }
+    }
+}
+
+pub fn file(ino: u64, name: &str, size: i64, allocated: u64, used_pages: u64) -> FileRef {
+    FileRef {
+        dev: SHM,
+        ino,
+        name: Some(name.into()),
+        size,
+        allocated,
+        unlinked: false,
+        mount: MountPages {
+            dev: SHM,
+            max_pages: 64 * MIB / 4096,
+            used_pages,
+        },
+    }
+}
+
+pub fn setup() -> (State, Fixture, Stream) {
+    let mut host = Fixture::with_shm(SHM, 64 * MIB);
+    let st = State::new(0, &mut host);
+    (st, host, Stream::new())
+}
+
+/// A trainer (10) with workers 11 and 12; 12 maps an 8 MiB segment at
+/// 0x7f0000000000 and faults on its second page with a full mount.
+pub fn sigbus_stream(st: &mut State, host: &mut Fixture, s: &mut Stream) {
+    let evs = vec![
+        Event::Fork {
+            h: s.h(10, 1),
+            child: 11,
+        },
+        Event::Fork {
+            h: s.h(10, 1),
+            child: 12,
+        },
+        Event::Opened {
+            h: s.h(12, 10),
+            syscall: Syscall::Openat,
+            fd: 5,
+            flags: libc::O_CREAT as u64,
+            file: file(100, "torch_12_1", 0, 0, 16000),
+        },
+        Event::Truncated {
+            h: s.h(12, 10),
+            fd: 5,
+            length: 8 * MIB,
+            file: file(100, "torch_12_1", 8 * MIB as i64, 0, 16000),
+        },
+        Event::Mapped {
+            h: s.h(12, 10),
+            addr: Addr(0x7f00_0000_0000),
+            len: 8 * MIB,
+            prot: 3,
+            flags: 1,
+            offset: 0,
+            file: file(100, "torch_12_1", 8 * MIB as i64, 0, 16000),
+        },
+        Event::Sigbus {
+            h: s.h(12, 10),
+            target: 12,
+            target_tid: 12,
+            si_code: 2,
+            si_errno: 0,
+            addr: Addr(0x7f00_0000_1010),
+            mount: Some(MountPages {
+                dev: SHM,
+                max_pages: 16384,
+                used_pages: 16384,
+            }),
+        },
+    ];
+    for ev in &evs {
+        st.apply(ev, host);
+    }
+}
+
+#[test]
+fn sigbus_in_a_tmpfs_mapping_is_the_first_failure_with_file_and_offset() {
+    let (mut st, mut host, mut s) = setup();
+    sigbus_stream(&mut st, &mut host, &mut s);
+    let v = st.failures.ordered();
+    assert_eq!(v.len(), 1);
+    let f = &v[0];
+    assert_eq!((f.pid, f.kind, f.si_code), (12, "sigbus", Some(2)));
+    assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_12_1"));
+    assert_eq!(f.offset, Some(0x1010));
+    assert_eq!(f.fault_addr.as_deref(), Some("0x7f0000001010"));
+    let m = f.mount.as_ref().unwrap();
+    assert_eq!((m.source, m.used_bytes, m.free_bytes), ("kernel", Some(64 * MIB), Some(0)));
+    assert!(f.cause.contains("full"), "{}", f.cause);
+    assert_eq!(f.ancestry.first().map(|a| a.pid), Some(10));
+    // The mount as it stood at its first failure is kept.
+    assert_eq!(st.failures.touched[&SHM].used_bytes, Some(64 * MIB));
+    assert_eq!(f.events_before.len(), 3, "open, ftruncate, mmap");
+}
+
+#[test]
+fn a_sigbus_sent_by_a_process_or_past_the_end_or_unmapped_is_not_a_shm_failure() {
+    let (mut st, mut host, mut s) = setup();
+    sigbus_stream(&mut st, &mut host, &mut s);
+    let sig = |s: &mut Stream, sender: u32, target: u32, code: i32, addr: u64| Event::Sigbus {
+        h: s.h(sender, 10),
+        target,
+        target_tid: target,
+        si_code: code,
+        si_errno: 0,
+        addr: Addr(addr),
+        mount: None,
+    };
+    // kill(getpid(), SIGBUS) from a handler: SI_USER.
+    st.apply(&sig(&mut s, 11, 11, 0, 0), &mut host);
+    // From another process: SI_TKILL.
+    st.apply(&sig(&mut s, 10, 11, -6, 0), &mut host);
+    // Nothing mapped there.
+    st.apply(&sig(&mut s, 11, 11, 2, 0x1234_0000), &mut host);
+    // Past the end of a file shrunk to one page.
+    st.apply(
+        &Event::Truncated {
+            h: s.h(12, 10),
+            fd: 5,
+            length: 4096,
+            file: file(100, "torch_12_1", 4096, 4096, 10),
+        },
+        &mut host,
+    );
+    st.apply(&sig(&mut s, 12, 12, 2, 0x7f00_0000_3000), &mut host);
+    // The same access again after a handler returned: a refault.
+    st.apply(&sig(&mut s, 12, 12, 2, 0x7f00_0000_1010), &mut host);
+
+    assert_eq!(st.failures.len(), 1, "still only the first one");
+    assert_eq!(st.failures.all()[0].refaults, 1);
+    let reasons: Vec<&str> = st.failures.other.iter().map(|o| o.reason).collect();
+    assert_eq!(reasons.len(), 4);
+    assert!(reasons[0].contains("itself"));
+    assert!(reasons[1].contains("another process"));
+    assert!(reasons[2].contains("not in a tmpfs mapping"));
+    assert!(reasons[3].contains("beyond the end"));
+    assert!(st.procs.get(11).unwrap().sigbus_reraised);
+}
+
+#[test]
+fn a_sigbus_on_a_mapping_made_before_tracing_is_resolved_through_the_host() {
+    let (mut st, mut host, mut s) = setup();
+    host.maps.insert(
+        20,
+        vec![crate::host::MapsEntry {
+            start: Addr(0x5000_0000),
+            end: Addr(0x5010_0000),
+            file_offset: 0x10000,
+            dev: SHM,
+            ino: 9,
+            name: Some("psm_abc".into()),
+        }],
+    );
+    st.apply(
+        &Event::Sigbus {
+            h: s.h(20, 1),
+            target: 20,
+            target_tid: 21,
+            si_code: 2,
+            si_errno: 0,
+            addr: Addr(0x5000_2000),
+            mount: None,
+        },
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    assert_eq!((f.pid, f.tid, f.offset), (20, 21, Some(0x12000)));
+    assert_eq!(f.path.as_deref(), Some("/dev/shm/psm_abc"));
+    // No kernel counters in the record: statfs through the host.
+    assert_eq!(f.mount.as_ref().unwrap().source, "statfs");
+}
+
+#[test]
+fn fallocate_enospc_names_file_request_and_free_space() {
+    let (mut st, mut host, mut s) = setup();
+    st.apply(
+        &Event::SyscallFailed {
+            h: s.h(30, 1),
+            errno: libc::ENOSPC,
+            call: FailedCall::OnFile {
+                syscall: Syscall::Fallocate,
+                fd: 4,
+                offset: Some(0),
+                bytes: Some(32 * MIB),
+                file: file(7, "torch_30_9", 0, 0, 8192),
+            },
+        },
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    assert_eq!((f.kind, f.syscall, f.errno), ("enospc", Some("fallocate"), Some(28)));
+    assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_30_9"));
+    assert_eq!(f.bytes, Some(32 * MIB));
+    // Request and free space print alike in MiB: exact bytes instead.
+    assert_eq!(
+        f.cause,
+        "fallocate asked for 33554432 bytes but the tmpfs had 33554432 bytes free (No space left on device)"
+    );
+}
+
+#[test]
+fn open_failures_count_only_on_tmpfs() {
+    let (mut st, mut host, mut s) = setup();
+    host.dirs.insert(40, "/dev/shm".into());
+    host.usage.get_mut(&SHM).unwrap().inodes_used = 1000;
+    let open = |s: &mut Stream, path: &str| Event::SyscallFailed {
+        h: s.h(40, 1),
+        errno: libc::ENOSPC,
+        call: FailedCall::Open {
+            syscall: Syscall::Openat,
+            dirfd: None,
+            path: path.into(),
+        },
+    };
+    st.apply(&open(&mut s, "/var/tmp/x"), &mut host);
+    assert!(st.failures.is_empty(), "ext4 is not shared memory");
+    st.apply(&open(&mut s, "sem.lock"), &mut host);
+    let f = &st.failures.all()[0];
+    assert_eq!(f.path.as_deref(), Some("/dev/shm/sem.lock"));
+    assert!(f.cause.contains("inode limit (1000)"), "{}", f.cause);
+}
+
+#[test]
+fn oom_kill_and_exit_status() {
+    let (mut st, mut host, mut s) = setup();
+    st.apply(
+        &Event::Fork {
+            h: s.h(50, 1),
+            child: 51,
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::OomVictim {
+            h: s.h(99, 1),
+            victim: 51,
+            shmem_rss: 40 * MIB,
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::Exit {
+            h: s.h(51, 50),
+            status: ExitStatus::from_kernel(9),
+        },
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    assert_eq!((f.kind, f.pid, f.bytes), ("oom_kill", 51, Some(40 * MIB)));
+    assert_eq!(f.ancestry[0].pid, 50);
+    assert_eq!(st.procs.get(51).unwrap().exit_signal, Some(9));
+    assert_eq!(st.live_pids(), vec![50]);
+}
+
+#[test]
+fn exec_reads_the_command_line_and_delivery_records_the_handler() {
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(60, "python train.py".into());
+    st.apply(
+        &Event::Exec {
+            h: s.h(60, 1),
+            filename: "/usr/bin/python3".into(),
+            old_pid: 60,
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::Exec {
+            h: s.h(61, 1),
+            filename: "/bin/gone".into(),
+            old_pid: 61,
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::SigbusDelivered {
+            h: s.h(60, 1),
+            si_code: 2,
+            handler: Handler::Function(0x4000),
+        },
+        &mut host,
+    );
+    assert_eq!(st.procs.get(60).unwrap().cmdline.as_deref(), Some("python train.py"));
+    assert_eq!(st.procs.get(61).unwrap().cmdline.as_deref(), Some("/bin/gone"));
+    assert!(st.procs.get(60).unwrap().sigbus_handler_ran);
+}
+
+#[test]
+fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
+    let (mut st, mut host, mut s) = setup();
+    sigbus_stream(&mut st, &mut host, &mut s);
+    // The worker filled 4 MiB; the trainer received the fd over a socket.
+    host.file(SHM, 100, 8 * MIB as i64, 4 * MIB, 0);
+    let seg = host.files[&(SHM, 100)];
+    host.fds.insert(12, vec![FdEntry { fd: 5, stat: seg, name: None }]);
+    host.fds.insert(
+        10,
+        vec![FdEntry {
+            fd: 9,
+            stat: seg,
+            name: Some("torch_12_1".into()),
+        }],
+    );
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(10, 1),
+            control_bytes: 24,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let f = &st.files.files[&(SHM, 100)];
+    assert_eq!(f.creator, Some(12));
+    assert_eq!(f.allocated_by.get(&12), Some(&(4 * MIB)));
+    assert_eq!(f.fd_holders.iter().copied().collect::<Vec<_>>(), vec![10, 12]);
+    assert_eq!(st.procs.get(10).unwrap().held_bytes, 4 * MIB);
+    assert_eq!(st.mount_stats.by_dev[&SHM].tracked_bytes, 4 * MIB);
+
+    // The worker exits, the trainer closes it: unlinked and unheld, freed.
+    st.apply(
+        &Event::Exit {
+            h: s.h(12, 10),
+            status: ExitStatus::from_kernel(7),
+        },
+        &mut host,
+    );
+    host.fds.insert(10, vec![]);
+    host.fds.remove(&12);
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(10, 1),
+            control_bytes: 0,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    assert!(st.files.files.is_empty(), "{:?}", st.files.files.keys());
+    assert_eq!(st.procs.get(10).unwrap().held_bytes, 0);
+    assert_eq!(st.procs.get(10).unwrap().peak_held_bytes, 4 * MIB);
+}
+
+#[test]
+fn first_failure_on_a_mount_lists_its_holders() {
+    let (mut st, mut host, mut s) = setup();
+    host.file(SHM, 200, 48 * MIB as i64, 48 * MIB, 1);
+    let hoard = host.files[&(SHM, 200)];
+    host.fds.insert(70, vec![FdEntry { fd: 3, stat: hoard, name: Some("hoard".into()) }]);
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(70, 1),
+            control_bytes: 24,
+        },
+        &mut host,
+    );
+    sigbus_stream(&mut st, &mut host, &mut s);
+    let f = &st.failures.all()[0];
+    assert_eq!(f.holders.first().map(|h| (h.pid, h.held_bytes)), Some((70, 48 * MIB)));
+}
+
+#[test]
+fn new_namespaces_are_anchored_and_idle_ones_let_go() {
+    let (mut st, mut host, mut s) = setup();
+    let pod_ns = 4026532999;
+    let pod_shm = Dev(77);
+    host.mounts.insert(
+        pod_ns,
+        vec![Mount {
+            dev: pod_shm,
+            mountpoint: "/dev/shm".into(),
+            fstype: "tmpfs".into(),
+        }],
+    );
+    let mut h = s.h(80, 1);
+    h.mnt_ns = pod_ns;
+    let seg = FileRef {
+        dev: pod_shm,
+        ..file(5, "x", 0, 0, 0)
+    };
+    st.apply(
+        &Event::Opened {
+            h: h.clone(),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: seg.clone(),
+        },
+        &mut host,
+    );
+    assert_eq!(host.anchored(), vec![pod_ns]);
+    assert_eq!(st.mounts.by_dev(pod_shm).unwrap().mountpoint, "/dev/shm");
+    assert!(st.files.files.contains_key(&(pod_shm, 5)));
+
+    st.release_idle_namespaces = Some(Duration::ZERO);
+    st.apply(
+        &Event::Exit {
+            h: h.clone(),
+            status: ExitStatus::from_kernel(0),
+        },
+        &mut host,
+    );
+    st.tick(&mut host); // first seen idle
+    std::thread::sleep(Duration::from_millis(2));
+    st.tick(&mut host);
+    assert_eq!(host.released, vec![pod_ns]);
+    assert!(!st.files.files.contains_key(&(pod_shm, 5)));
+    assert!(!st.mount_stats.by_dev.contains_key(&pod_shm));
+}
+
+#[test]
+fn failures_carry_their_container_from_the_cgroup_id() {
+    let (mut st, mut host, mut s) = setup();
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    host.cgroup_ids.insert(555, format!("/libpod_parent/libpod-{id}"));
+    let mut h = s.h(90, 1);
+    h.cgroup_id = 555;
+    st.apply(&Event::Fork { h, child: 91 }, &mut host);
+    st.apply(
+        &Event::SyscallFailed {
+            h: s.h(90, 1),
+            errno: libc::ENOSPC,
+            call: FailedCall::OnFile {
+                syscall: Syscall::Write,
+                fd: 1,
+                offset: Some(0),
+                bytes: Some(4096),
+                file: file(8, "x", 0, 0, 16384),
+            },
+        },
+        &mut host,
+    );
+    // Each header is the truth at its event: this one came from the root cgroup.
+    assert!(st.failures.all()[0].container.is_none());
+    let mut h = s.h(90, 1);
+    h.cgroup_id = 555;
+    st.apply(
+        &Event::Closed { h, fd: 1 },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let p = st.procs.get(90).unwrap();
+    let c = p.container.as_ref().unwrap();
+    assert_eq!((c.runtime.as_deref(), c.container_id.as_deref()), (Some("podman"), Some(id)));
+}
+
+#[test]
+fn memfd_devices_in_no_mount_table_are_remembered() {
+    let (mut st, mut host, mut s) = setup();
+    let memfd = FileRef {
+        dev: Dev(1),
+        ..file(3, "memfd:x", 0, 0, 0)
+    };
+    for _ in 0..3 {
+        st.apply(
+            &Event::Mapped {
+                h: s.h(95, 1),
+                addr: Addr(0x1000),
+                len: 4096,
+                prot: 3,
+                flags: 1,
+                offset: 0,
+                file: memfd.clone(),
+            },
+            &mut host,
+        );
+    }
+    assert!(st.mounts.is_unmounted(Dev(1)));
+}
