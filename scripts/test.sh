@@ -14,7 +14,7 @@ cargo build --release --locked -p shmtrace
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --release --locked --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
+cargo test --release --locked --no-fail-fast --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # A failed test may leave a workload waiting for its finish file.
 pkill -f "$PWD/target/test-workloads/" 2>/dev/null || true

@@ -42,12 +42,14 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::COUNT, 0);
 #[inline(always)]
 pub fn count_lost(idx: u32) {
     if let Some(p) = LOST.get_ptr_mut(idx) {
+        // SAFETY: a per-CPU slot: no other program writes it concurrently.
         unsafe { *p += 1 };
     }
 }
 
 #[inline(always)]
 pub fn flags(tgid: u32) -> u32 {
+    // SAFETY: the value is copied out at once; no reference is kept.
     unsafe { TRACED.get(tgid) }.copied().unwrap_or(0)
 }
 
@@ -77,6 +79,8 @@ pub fn start(ring: Ring, kind: EventKind) -> Option<RingBufEntry<Event>> {
     let ev = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
     let task = kernel::current_task();
+    // SAFETY: `ev` points to a reserved, exclusively owned ring entry the
+    // size of an Event; zeroing it first means no stale bytes leave.
     unsafe {
         core::ptr::write_bytes(ev, 0, 1);
         let ev = &mut *ev;
@@ -95,5 +99,7 @@ pub fn start(ring: Ring, kind: EventKind) -> Option<RingBufEntry<Event>> {
 /// The event behind a reserved entry.
 #[inline(always)]
 pub fn body(entry: &mut RingBufEntry<Event>) -> &mut Event {
+    // SAFETY: the entry was zeroed and headed by `start`, so it holds a
+    // valid Event, and the borrow of `entry` keeps it exclusive.
     unsafe { &mut *entry.as_mut_ptr() }
 }

@@ -9,6 +9,7 @@ const M: u32 = KernelOffsets::MISSING;
 
 // Overridden by the loader (EbpfLoader::override_global); the values here only
 // say "unknown". Read with read_volatile so the compiler cannot fold them.
+// SAFETY (no_mangle): a unique symbol name, looked up by the loader.
 #[unsafe(no_mangle)]
 static OFFSETS: KernelOffsets = KernelOffsets {
     task_pid: M,
@@ -49,6 +50,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_victim_shmem_rss: M,
 };
 
+// SAFETY (no_mangle): a unique symbol name, looked up by the loader.
 #[unsafe(no_mangle)]
 static NRS: SyscallNrs = SyscallNrs {
     write: M,
@@ -69,6 +71,7 @@ static NRS: SyscallNrs = SyscallNrs {
     recvmsg: M,
 };
 
+// SAFETY (no_mangle): a unique symbol name, looked up by the loader.
 #[unsafe(no_mangle)]
 static CONFIG: Config = Config {
     all_processes: 0,
@@ -78,9 +81,11 @@ static CONFIG: Config = Config {
 /// One offset from the loader-provided table.
 macro_rules! off {
     ($field:ident) => {
+        // SAFETY: a volatile read of a field of a static: valid and aligned.
         unsafe { core::ptr::read_volatile(&crate::kernel::offsets().$field) }
     };
     ($field:ident[$i:expr]) => {
+        // SAFETY: as above; the index is a constant within the array.
         unsafe { core::ptr::read_volatile(&crate::kernel::offsets().$field[$i]) }
     };
 }
@@ -89,6 +94,7 @@ pub(crate) use off;
 /// One syscall number of this architecture.
 macro_rules! nr {
     ($name:ident) => {
+        // SAFETY: a volatile read of a field of a static: valid and aligned.
         unsafe { core::ptr::read_volatile(&crate::kernel::syscall_nrs().$name) }
     };
 }
@@ -106,6 +112,7 @@ pub fn syscall_nrs() -> &'static SyscallNrs {
 
 #[inline(always)]
 pub fn all_processes() -> bool {
+    // SAFETY: a volatile read of a field of a static: valid and aligned.
     unsafe { core::ptr::read_volatile(&CONFIG.all_processes) != 0 }
 }
 
@@ -115,6 +122,7 @@ pub fn read<T>(base: u64, off: u32) -> Option<T> {
     if base == 0 || off == M {
         return None;
     }
+    // SAFETY: the checked helper: a bad address returns an error, never a fault.
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
@@ -125,6 +133,8 @@ pub fn read_ptr(base: u64, off: u32) -> u64 {
 
 #[inline(always)]
 pub fn current_task() -> u64 {
+    // SAFETY: a helper without arguments; the result is only used as an
+    // address for checked reads.
     unsafe { bpf_get_current_task() }
 }
 
@@ -162,6 +172,7 @@ pub fn fd_file(fd: u64) -> u64 {
     if fds == 0 {
         return 0;
     }
+    // SAFETY: the checked helper; fd < max_fds keeps it inside the array.
     unsafe { bpf_probe_read_kernel((fds + fd * 8) as *const u64) }.unwrap_or(0)
 }
 
@@ -217,6 +228,7 @@ pub fn fill_file_info(info: &mut FileInfo, file: u64, inode: u64) {
 fn read_name(dentry: u64, out: &mut [u8]) {
     let name = read_ptr(dentry, off!(dentry_name));
     if name != 0 {
+        // SAFETY: the checked helper, bounded by the destination's length.
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, out) };
     }
 }

@@ -3,6 +3,12 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+//!
+//! One file per hook family: `sched` (fork, exec, exit), `signals` (SIGBUS
+//! generated and delivered), `syscalls` (sys_exit), `oom` (mark_victim);
+//! `emit` holds the maps and event headers, `kernel` the struct reads at
+//! offsets user space found in BTF, `extras` what only `doctor` loads.
+
 #[cfg(target_arch = "bpf")]
 mod emit;
 #[cfg(target_arch = "bpf")]
@@ -10,7 +16,13 @@ mod extras;
 #[cfg(target_arch = "bpf")]
 mod kernel;
 #[cfg(target_arch = "bpf")]
-mod probes;
+mod oom;
+#[cfg(target_arch = "bpf")]
+mod sched;
+#[cfg(target_arch = "bpf")]
+mod signals;
+#[cfg(target_arch = "bpf")]
+mod syscalls;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}
@@ -21,6 +33,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY (link_section, no_mangle): the kernel reads the license from
+// this section by name; nothing else uses the symbol.
 #[cfg(target_arch = "bpf")]
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]

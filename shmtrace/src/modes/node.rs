@@ -24,6 +24,11 @@ async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net
 /// process exits (late events there still resolve), then it is let go.
 pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     let metrics_addr = outputs.metrics.clone();
+    // Before anything slow: a signal that comes while the programs load
+    // must end tracing cleanly, not kill shmtrace without its report.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut session = Session::start(outputs, true)?;
     session.state.release_idle_namespaces = Some(Duration::from_secs(ns_grace));
     let now = capture::monotonic_ns();
@@ -42,12 +47,11 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
         eprintln!("shmtrace: metrics on http://{a}/metrics");
     }
     let mut names = metrics::PodNames::default();
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
+            _ = sighup.recv() => break,
             conn = accept(listener.as_ref()) => {
                 if let Ok((stream, _)) = conn {
                     let body = metrics::render(&session.state, session.tracer.lost(), &mut names);

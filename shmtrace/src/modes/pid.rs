@@ -21,6 +21,11 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
         )
         .into());
     }
+    // Before anything slow: a signal that comes while the programs load
+    // must end tracing cleanly, not kill shmtrace without its report.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut session = Session::start(outputs, false)?;
     let now = capture::monotonic_ns();
     // Trace the root first so forks from now on are followed by the kernel,
@@ -40,13 +45,12 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
         session.state.procs.len() - 1
     );
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let mut last_check = Instant::now();
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
+            _ = sighup.recv() => break,
             _ = session.step(Duration::from_millis(100)) => {}
         }
         if last_check.elapsed() >= Duration::from_millis(500) {
