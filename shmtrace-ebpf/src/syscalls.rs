@@ -4,9 +4,7 @@
 //! map tmpfs, ftruncate, recvmsg with control data).
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, bpf_probe_read_user_str_bytes},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };

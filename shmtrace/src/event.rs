@@ -197,7 +197,10 @@ impl FailedCall {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A traced process forked `child`.
-    Fork { h: Header, child: u32 },
+    Fork {
+        h: Header,
+        child: u32,
+    },
     /// A traced process called execve.
     Exec {
         h: Header,
@@ -206,7 +209,10 @@ pub enum Event {
         old_pid: u32,
     },
     /// A traced process (the whole thread group) exited.
-    Exit { h: Header, status: ExitStatus },
+    Exit {
+        h: Header,
+        status: ExitStatus,
+    },
     /// A SIGBUS was generated for a traced process. The header is the sender
     /// (the faulting thread itself for a page fault).
     Sigbus {
@@ -241,7 +247,11 @@ pub enum Event {
         offset: u64,
         file: FileRef,
     },
-    Unmapped { h: Header, addr: Addr, len: u64 },
+    Unmapped {
+        h: Header,
+        addr: Addr,
+        len: u64,
+    },
     Remapped {
         h: Header,
         old_addr: Addr,
@@ -272,9 +282,15 @@ pub enum Event {
         file: FileRef,
     },
     /// A traced process closed a tmpfs fd it had opened.
-    Closed { h: Header, fd: i32 },
+    Closed {
+        h: Header,
+        fd: i32,
+    },
     /// A recvmsg returned control data: it may have received fds.
-    FdsReceived { h: Header, control_bytes: u64 },
+    FdsReceived {
+        h: Header,
+        control_bytes: u64,
+    },
 }
 
 impl Event {
@@ -320,9 +336,9 @@ impl Event {
     /// The tmpfs file the record describes, if any.
     pub fn file(&self) -> Option<&FileRef> {
         match self {
-            Self::Mapped { file, .. } | Self::Truncated { file, .. } | Self::Opened { file, .. } => {
-                Some(file)
-            }
+            Self::Mapped { file, .. }
+            | Self::Truncated { file, .. }
+            | Self::Opened { file, .. } => Some(file),
             Self::SyscallFailed {
                 call: FailedCall::OnFile { file, .. },
                 ..

@@ -408,7 +408,13 @@ mod tests {
             });
         }
         for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
-            let f = file(w as u64, &format!("{names}_{w}_1"), 16 * MIB as i64, 0, 16000);
+            let f = file(
+                w as u64,
+                &format!("{names}_{w}_1"),
+                16 * MIB as i64,
+                0,
+                16000,
+            );
             evs.push(Event::Opened {
                 h: s.h(w, 10),
                 syscall: Syscall::Openat,
@@ -459,11 +465,21 @@ mod tests {
         let d = diagnose(&facts).unwrap();
         assert_eq!(d.signature, "pytorch-dataloader:sigbus");
         assert_eq!(facts.first_failure.as_ref().unwrap().pid, 13);
-        assert!(d.summary.starts_with("DataLoader worker 2 (pid 13"), "{}", d.summary);
+        assert!(
+            d.summary.starts_with("DataLoader worker 2 (pid 13"),
+            "{}",
+            d.summary
+        );
         let msg = d.framework_message.unwrap();
-        assert!(msg.contains("(pid 11) is killed by signal: Bus error"), "{msg}");
+        assert!(
+            msg.contains("(pid 11) is killed by signal: Bus error"),
+            "{msg}"
+        );
         let wrong = d.framework_misleads.unwrap();
-        assert!(wrong.contains("The first worker to fail was pid 13"), "{wrong}");
+        assert!(
+            wrong.contains("The first worker to fail was pid 13"),
+            "{wrong}"
+        );
         // 64 MiB in use + 2 x 8 MiB still wanted = 80 MiB; steady state
         // (2 segment makers x 2 + 2) x 16 MiB = 96 MiB; +25% -> 128 MiB.
         assert_eq!(d.recommended_shm_bytes, Some(128 * MIB));

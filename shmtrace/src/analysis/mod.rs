@@ -7,8 +7,8 @@ pub mod facts;
 
 use serde::Serialize;
 
-pub use self::facts::{Context, Exit, Facts};
 use self::diagnosis::Diagnosis;
+pub use self::facts::{Context, Exit, Facts};
 use crate::state::State;
 
 /// The facts and the diagnosis drawn from them.

@@ -82,7 +82,10 @@ impl Decoder {
         let kind = EventKind::from_u32(ev.kind).ok_or(DecodeError::UnknownKind(ev.kind))?;
         let h = header(ev);
         let a = ev.args;
-        let sys = || self.syscall(ev.syscall).ok_or(DecodeError::UnknownSyscall(ev.syscall));
+        let sys = || {
+            self.syscall(ev.syscall)
+                .ok_or(DecodeError::UnknownSyscall(ev.syscall))
+        };
         Ok(match kind {
             EventKind::Fork => Event::Fork {
                 h,

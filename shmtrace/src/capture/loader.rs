@@ -10,13 +10,7 @@ use aya::{
 use shmtrace_common::{Config, lost};
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    btf::Btf,
-    decode::Decoder,
-    offsets,
-    order::Orderer,
-    preflight,
-};
+use super::{btf::Btf, decode::Decoder, offsets, order::Orderer, preflight};
 use crate::event::Event;
 
 /// The hooks: (program, kind, category, name, required, what is lost without it).

@@ -114,7 +114,9 @@ impl Host for ProcHost {
             if !stat.regular {
                 continue;
             }
-            let name = std::fs::read_link(e.path()).ok().map(|l| last_component(&l));
+            let name = std::fs::read_link(e.path())
+                .ok()
+                .map(|l| last_component(&l));
             out.push(FdEntry { fd, stat, name });
         }
         Some(out)

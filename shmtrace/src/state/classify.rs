@@ -329,8 +329,7 @@ impl State {
         // Mounts change (unshare + mount): read them fresh for a failure.
         self.refresh_mounts(host, h.mnt_ns, h.pid);
         let m = self.mounts.for_path(h.mnt_ns, &abs)?;
-        m.is_tmpfs()
-            .then(|| (crate::escape::str(&abs), m.dev))
+        m.is_tmpfs().then(|| (crate::escape::str(&abs), m.dev))
     }
 
     /// Size and use of mount `dev` at the event: the kernel's superblock

@@ -231,7 +231,11 @@ mod tests {
         let v = fs.ordered();
         assert_eq!(v.iter().map(|f| f.pid).collect::<Vec<_>>(), vec![3, 2]);
         assert_eq!(v[1].delay_ns, 200);
-        assert_eq!(fs.touched[&Dev(40)].used_bytes, Some(99), "the first recorded stays");
+        assert_eq!(
+            fs.touched[&Dev(40)].used_bytes,
+            Some(99),
+            "the first recorded stays"
+        );
     }
 
     #[test]

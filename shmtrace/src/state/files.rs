@@ -363,4 +363,3 @@ fn credit(f: &mut FileState, grown: u64, hint: u32) {
         }
     }
 }
-

@@ -95,7 +95,11 @@ impl MappingTable {
     }
 
     pub fn find(&self, pid: u32, addr: Addr) -> Option<&Mapping> {
-        self.by_pid.get(&pid)?.iter().rev().find(|m| m.contains(addr))
+        self.by_pid
+            .get(&pid)?
+            .iter()
+            .rev()
+            .find(|m| m.contains(addr))
     }
 
     pub fn processes(&self) -> usize {
@@ -179,7 +183,10 @@ mod tests {
             },
         );
         assert_eq!(t.find(1, Addr(0x18000)).unwrap().ino, 3);
-        assert_eq!(t.find(1, Addr(0x19000)).unwrap().offset_of(Addr(0x19000)), 0x9000);
+        assert_eq!(
+            t.find(1, Addr(0x19000)).unwrap().offset_of(Addr(0x19000)),
+            0x9000
+        );
         t.unmapped(1, Addr(0x10000), 0x10000);
         assert_eq!(t.processes(), 0, "an empty table is dropped");
     }

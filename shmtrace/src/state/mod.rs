@@ -160,11 +160,7 @@ impl State {
                 self.files.gone(h.pid);
             }
             Event::Opened {
-                h,
-                fd,
-                flags,
-                file,
-                ..
+                h, fd, flags, file, ..
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
@@ -391,14 +387,12 @@ impl State {
         }
         for pid in self.procs.pids() {
             let b = self.files.bytes.get(&pid).copied().unwrap_or_default();
-            let Some(p) = self.procs.get(pid) else { continue };
+            let Some(p) = self.procs.get(pid) else {
+                continue;
+            };
             let (alive, cgid) = (p.alive(), p.cgroup_id);
-            self.procs.set_bytes(
-                pid,
-                b.allocated,
-                b.held,
-                (b.peak_allocated, b.peak_held),
-            );
+            self.procs
+                .set_bytes(pid, b.allocated, b.held, (b.peak_allocated, b.peak_held));
             let container = match self.container_of_id(host, cgid) {
                 Some(c) => Some(c),
                 None if alive => self.container_of_pid(host, pid),

@@ -259,8 +259,14 @@ mod tests {
         let mut t = MountTables::default();
         t.learn(1, m);
         // The later mount on the same point hides the earlier one.
-        assert_eq!(t.for_path(1, "/dev/shm/torch_1").unwrap().dev, Dev::new(0, 29));
-        assert_eq!(t.for_path(1, "/dev/shm/inner/x").unwrap().dev, Dev::new(0, 28));
+        assert_eq!(
+            t.for_path(1, "/dev/shm/torch_1").unwrap().dev,
+            Dev::new(0, 29)
+        );
+        assert_eq!(
+            t.for_path(1, "/dev/shm/inner/x").unwrap().dev,
+            Dev::new(0, 28)
+        );
         assert_eq!(t.for_path(1, "/dev/shmx").unwrap().fstype, "ext4");
         assert_eq!(Dev::new(0, 26).to_string(), "0:26");
         // The hidden /dev/shm is measured nowhere; the visible one here.
@@ -276,7 +282,9 @@ mod tests {
         t.learn(1, parse_mountinfo(SAMPLE));
         t.learn(
             2,
-            parse_mountinfo("30 22 0:26 / /dev/shm rw - tmpfs tmpfs rw\n40 22 0:50 / /x rw - tmpfs t rw\n"),
+            parse_mountinfo(
+                "30 22 0:26 / /dev/shm rw - tmpfs tmpfs rw\n40 22 0:50 / /x rw - tmpfs t rw\n",
+            ),
         );
         let mut gone = t.forget_ns(2);
         gone.sort();

@@ -256,14 +256,20 @@ mod tests {
         t.adopted(root);
         t.forked(&h(10, 1, 5), 11);
         t.forked(&h(11, 10, 6), 12);
-        assert_eq!(t.get(11).unwrap().cmdline.as_deref(), Some("python train.py"));
+        assert_eq!(
+            t.get(11).unwrap().cmdline.as_deref(),
+            Some("python train.py")
+        );
         t.execed(12, "/bin/helper".into());
         assert_eq!(t.get(12).unwrap().cmdline.as_deref(), Some("/bin/helper"));
         let anc: Vec<u32> = t.ancestry(12).iter().map(|a| a.pid).collect();
         assert_eq!(anc, vec![11, 10], "stops at the traced root");
         t.exited(11, 9, ExitStatus::from_kernel(7));
         let p = t.get(11).unwrap();
-        assert_eq!((p.exit_signal, p.exit_code, p.alive()), (Some(7), None, false));
+        assert_eq!(
+            (p.exit_signal, p.exit_code, p.alive()),
+            (Some(7), None, false)
+        );
         assert_eq!(t.alive().count(), 2);
         assert_eq!(t.tree_of(10), vec![10, 11, 12]);
     }

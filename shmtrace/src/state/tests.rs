@@ -125,7 +125,10 @@ fn sigbus_in_a_tmpfs_mapping_is_the_first_failure_with_file_and_offset() {
     assert_eq!(f.offset, Some(0x1010));
     assert_eq!(f.fault_addr.as_deref(), Some("0x7f0000001010"));
     let m = f.mount.as_ref().unwrap();
-    assert_eq!((m.source, m.used_bytes, m.free_bytes), ("kernel", Some(64 * MIB), Some(0)));
+    assert_eq!(
+        (m.source, m.used_bytes, m.free_bytes),
+        ("kernel", Some(64 * MIB), Some(0))
+    );
     assert!(f.cause.contains("full"), "{}", f.cause);
     assert_eq!(f.ancestry.first().map(|a| a.pid), Some(10));
     // The mount as it stood at its first failure is kept.
@@ -228,7 +231,10 @@ fn fallocate_enospc_names_file_request_and_free_space() {
         &mut host,
     );
     let f = &st.failures.all()[0];
-    assert_eq!((f.kind, f.syscall, f.errno), ("enospc", Some("fallocate"), Some(28)));
+    assert_eq!(
+        (f.kind, f.syscall, f.errno),
+        ("enospc", Some("fallocate"), Some(28))
+    );
     assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_30_9"));
     assert_eq!(f.bytes, Some(32 * MIB));
     // Request and free space print alike in MiB: exact bytes instead.
@@ -320,8 +326,14 @@ fn exec_reads_the_command_line_and_delivery_records_the_handler() {
         },
         &mut host,
     );
-    assert_eq!(st.procs.get(60).unwrap().cmdline.as_deref(), Some("python train.py"));
-    assert_eq!(st.procs.get(61).unwrap().cmdline.as_deref(), Some("/bin/gone"));
+    assert_eq!(
+        st.procs.get(60).unwrap().cmdline.as_deref(),
+        Some("python train.py")
+    );
+    assert_eq!(
+        st.procs.get(61).unwrap().cmdline.as_deref(),
+        Some("/bin/gone")
+    );
     assert!(st.procs.get(60).unwrap().sigbus_handler_ran);
 }
 
@@ -332,7 +344,14 @@ fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
     // The worker filled 4 MiB; the trainer received the fd over a socket.
     host.file(SHM, 100, 8 * MIB as i64, 4 * MIB, 0);
     let seg = host.files[&(SHM, 100)];
-    host.fds.insert(12, vec![FdEntry { fd: 5, stat: seg, name: None }]);
+    host.fds.insert(
+        12,
+        vec![FdEntry {
+            fd: 5,
+            stat: seg,
+            name: None,
+        }],
+    );
     host.fds.insert(
         10,
         vec![FdEntry {
@@ -352,7 +371,10 @@ fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
     let f = &st.files.files[&(SHM, 100)];
     assert_eq!(f.creator, Some(12));
     assert_eq!(f.allocated_by.get(&12), Some(&(4 * MIB)));
-    assert_eq!(f.fd_holders.iter().copied().collect::<Vec<_>>(), vec![10, 12]);
+    assert_eq!(
+        f.fd_holders.iter().copied().collect::<Vec<_>>(),
+        vec![10, 12]
+    );
     assert_eq!(st.procs.get(10).unwrap().held_bytes, 4 * MIB);
     assert_eq!(st.mount_stats.by_dev[&SHM].tracked_bytes, 4 * MIB);
 
@@ -384,7 +406,14 @@ fn first_failure_on_a_mount_lists_its_holders() {
     let (mut st, mut host, mut s) = setup();
     host.file(SHM, 200, 48 * MIB as i64, 48 * MIB, 1);
     let hoard = host.files[&(SHM, 200)];
-    host.fds.insert(70, vec![FdEntry { fd: 3, stat: hoard, name: Some("hoard".into()) }]);
+    host.fds.insert(
+        70,
+        vec![FdEntry {
+            fd: 3,
+            stat: hoard,
+            name: Some("hoard".into()),
+        }],
+    );
     st.apply(
         &Event::FdsReceived {
             h: s.h(70, 1),
@@ -394,7 +423,10 @@ fn first_failure_on_a_mount_lists_its_holders() {
     );
     sigbus_stream(&mut st, &mut host, &mut s);
     let f = &st.failures.all()[0];
-    assert_eq!(f.holders.first().map(|h| (h.pid, h.held_bytes)), Some((70, 48 * MIB)));
+    assert_eq!(
+        f.holders.first().map(|h| (h.pid, h.held_bytes)),
+        Some((70, 48 * MIB))
+    );
 }
 
 #[test]
@@ -450,7 +482,8 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
 fn failures_carry_their_container_from_the_cgroup_id() {
     let (mut st, mut host, mut s) = setup();
     let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-    host.cgroup_ids.insert(555, format!("/libpod_parent/libpod-{id}"));
+    host.cgroup_ids
+        .insert(555, format!("/libpod_parent/libpod-{id}"));
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
     st.apply(&Event::Fork { h, child: 91 }, &mut host);
@@ -472,14 +505,14 @@ fn failures_carry_their_container_from_the_cgroup_id() {
     assert!(st.failures.all()[0].container.is_none());
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
-    st.apply(
-        &Event::Closed { h, fd: 1 },
-        &mut host,
-    );
+    st.apply(&Event::Closed { h, fd: 1 }, &mut host);
     st.tick(&mut host);
     let p = st.procs.get(90).unwrap();
     let c = p.container.as_ref().unwrap();
-    assert_eq!((c.runtime.as_deref(), c.container_id.as_deref()), (Some("podman"), Some(id)));
+    assert_eq!(
+        (c.runtime.as_deref(), c.container_id.as_deref()),
+        (Some("podman"), Some(id))
+    );
 }
 
 #[test]
