@@ -192,7 +192,7 @@ const _: () = {
     assert!(offset_of!(Event, args) == 64);
     assert!(offset_of!(Event, file) == 112);
     assert!(offset_of!(Event, path) == 296);
-    assert!(size_of::<Event>() % 8 == 0);
+    assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 41 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);

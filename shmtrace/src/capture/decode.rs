@@ -317,7 +317,7 @@ mod tests {
         let d = Decoder::native();
         let mut e = record(EventKind::SignalGenerate, 10);
         e.args = [7, (-2i64) as u64, 0x7f00_0000_1000, 11, 12, 0];
-        e.file.dev = (0 << 20) | 40;
+        e.file.dev = 40;
         e.file.fs_max_pages = 16384;
         e.file.fs_used_pages = 16380;
         let Event::Sigbus {

@@ -22,6 +22,12 @@ pub struct Live {
     started: Instant,
 }
 
+impl Default for Live {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Live {
     pub fn new() -> Self {
         Self {

@@ -179,6 +179,10 @@ impl ProcessTree {
         self.procs.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
     pub fn all(&self) -> impl Iterator<Item = &Proc> {
         self.procs.values()
     }
