@@ -70,15 +70,7 @@ impl State {
                 .into_iter()
                 .filter(|m| self.mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()))
                 .find(|m| m.start <= addr && addr < m.end)
-                .map(|m| Mapping {
-                    start: m.start,
-                    end: m.end,
-                    file_offset: m.file_offset,
-                    dev: m.dev,
-                    ino: m.ino,
-                    name: m.name,
-                    size: -1,
-                })
+                .map(Mapping::from)
         });
         let Some(m) = mapping else {
             self.failures

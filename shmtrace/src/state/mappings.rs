@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::event::{Addr, Dev, FileKey};
+use crate::{
+    event::{Addr, Dev, FileKey},
+    host::MapsEntry,
+};
 
 const PAGE: u64 = 4096;
 
@@ -30,6 +33,22 @@ impl Mapping {
 
     pub fn contains(&self, addr: Addr) -> bool {
         self.start <= addr && addr < self.end
+    }
+}
+
+/// A mapping found in /proc/PID/maps (made before we traced it, or whose
+/// event was lost): its size at mapping time is unknown.
+impl From<MapsEntry> for Mapping {
+    fn from(m: MapsEntry) -> Self {
+        Self {
+            start: m.start,
+            end: m.end,
+            file_offset: m.file_offset,
+            dev: m.dev,
+            ino: m.ino,
+            name: m.name,
+            size: -1,
+        }
     }
 }
 

@@ -99,18 +99,7 @@ impl State {
         let mut any = false;
         for m in host.maps(pid) {
             if self.mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()) {
-                self.maps.mapped(
-                    pid,
-                    Mapping {
-                        start: m.start,
-                        end: m.end,
-                        file_offset: m.file_offset,
-                        dev: m.dev,
-                        ino: m.ino,
-                        name: m.name,
-                        size: -1,
-                    },
-                );
+                self.maps.mapped(pid, Mapping::from(m));
                 any = true;
             }
         }
