@@ -270,3 +270,80 @@ fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
     assert!(o.status.success(), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("planted");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    // Whoever can write to the report's directory plants links: at the
+    // report's own name, at the temporary name earlier versions used, and
+    // at the events file.
+    let report = dir.join("r.json");
+    std::os::unix::fs::symlink(&victim, &report).unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join("r.tmp-shmtrace")).unwrap();
+    let out = Command::new(shmtrace())
+        .args(["run", "--quiet", "--report"])
+        .arg(&report)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["mode"], "run");
+
+    let events = dir.join("e.jsonl");
+    std::os::unix::fs::symlink(&victim, &events).unwrap();
+    let out = Command::new(shmtrace())
+        .args(["run", "--quiet", "--events"])
+        .arg(&events)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a symlinked --events is refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+
+    // A device node as the report: written in place, never replaced by a
+    // regular file (this one is a private copy of /dev/null).
+    let dev = dir.join("null");
+    let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+    // SAFETY: mknod with a valid NUL-terminated path.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(rc, 0, "mknod");
+    let out = Command::new(shmtrace())
+        .args(["run", "--quiet", "--report"])
+        .arg(&dev)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+    let strays: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

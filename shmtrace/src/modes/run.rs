@@ -152,9 +152,7 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
                 rerun: &rerun,
             },
         };
-        let text = serde_json::to_string_pretty(&v)?;
-        std::fs::write(p, text + "\n")
-            .with_context(|| format!("cannot write report {}", p.display()))?;
+        crate::output::report::write(&v, p)?;
     }
     Ok(if gone { 0 } else { 1 })
 }

@@ -48,13 +48,14 @@ impl Session {
     pub fn start(outputs: Outputs, all_processes: bool) -> Result<Self> {
         // Open outputs first: a typo in a path should fail before tracing.
         let events_out = match &outputs.events {
-            Some(p) => Some(BufWriter::new(File::create(p).with_context(|| {
-                format!("cannot create events file {}", p.display())
-            })?)),
+            Some(p) => Some(BufWriter::new(
+                output::files::create_stream(p)
+                    .with_context(|| format!("cannot create events file {}", p.display()))?,
+            )),
             None => None,
         };
         if let Some(p) = &outputs.report {
-            File::create(p)
+            output::files::check_target(p)
                 .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
         let tracer = Tracer::start(all_processes, outputs.events_ring)?;

@@ -3,6 +3,7 @@
 //! stream.
 
 pub mod events;
+pub mod files;
 pub mod live;
 pub mod metrics;
 pub mod report;

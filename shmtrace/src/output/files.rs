@@ -1,0 +1,204 @@
+//! Files written as root in directories other people may write to: never
+//! through a name someone could have planted. A report is written to a
+//! fresh, randomly named file created with O_EXCL|O_NOFOLLOW beside the
+//! target, then renamed over it (readers never see half a report); a target
+//! that exists and is not a regular file (a device, a FIFO) is written in
+//! place, never replaced.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::Write,
+    os::unix::fs::{FileTypeExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Replaces `path`'s contents with `bytes`, as described above.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        let t = md.file_type();
+        if t.is_dir() {
+            bail!("{} is a directory", path.display());
+        }
+        if t.is_char_device() || t.is_block_device() || t.is_fifo() || t.is_socket() {
+            let mut f = open_in_place(path)?;
+            return f
+                .write_all(bytes)
+                .with_context(|| format!("cannot write {}", path.display()));
+        }
+    }
+    let (tmp, mut f) = create_beside(path)?;
+    let done = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_data())
+        .with_context(|| format!("cannot write {}", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+        });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+/// Opens `path` for a stream of writes (`--events`): created if missing,
+/// truncated if a regular file, written in place if a device or FIFO; a
+/// symlink is refused (O_NOFOLLOW), whoever planted it.
+pub fn create_stream(path: &Path) -> Result<File> {
+    if let Ok(md) = std::fs::symlink_metadata(path)
+        && !md.file_type().is_file()
+        && !md.file_type().is_symlink()
+    {
+        return open_in_place(path);
+    }
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot create {} (a symlink there is refused)",
+                path.display()
+            )
+        })
+}
+
+/// Fails early (before tracing) if `path` cannot be a report: its
+/// directory is missing, or it is a directory.
+pub fn check_target(path: &Path) -> Result<()> {
+    let dir = parent(path);
+    let md = std::fs::metadata(&dir).with_context(|| {
+        format!(
+            "cannot write {}: no directory {}",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    if !md.is_dir() {
+        bail!(
+            "cannot write {}: {} is not a directory",
+            path.display(),
+            dir.display()
+        );
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        bail!("cannot write {}: it is a directory", path.display());
+    }
+    Ok(())
+}
+
+fn open_in_place(path: &Path) -> Result<File> {
+    // O_NONBLOCK: a FIFO without a reader fails at once instead of hanging.
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// A new file with a random name in `path`'s directory.
+fn create_beside(path: &Path) -> Result<(PathBuf, File)> {
+    let dir = parent(path);
+    let base = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "report".into());
+    let mut last = None;
+    for _ in 0..16 {
+        let tmp = dir.join(format!(".{base}.{:016x}.tmp", random()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {}", tmp.display()));
+            }
+        }
+    }
+    Err(last.expect("tried"))
+        .with_context(|| format!("no free temporary name in {}", dir.display()))
+}
+
+fn random() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // No entropy source: time and pid still make a name nobody planted
+        // in advance with certainty; O_EXCL catches the rest.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return t ^ (std::process::id() as u64) << 32;
+    }
+    u64::from_ne_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("shmtrace-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_symlink_at_the_target_is_replaced_not_followed() {
+        let d = dir("symlink");
+        let victim = d.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let target = d.join("r.json");
+        std::os::unix::fs::symlink(&victim, &target).unwrap();
+        // The old fixed temporary name, planted too.
+        std::os::unix::fs::symlink(&victim, d.join("r.tmp-shmtrace")).unwrap();
+        write_atomic(&target, b"{}\n").unwrap();
+        write_atomic(&target, b"{\"a\":1}\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "{\"a\":1}\n");
+        assert!(std::fs::symlink_metadata(&target).unwrap().is_file());
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "no temporary file stays behind");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn streams_refuse_symlinks_and_targets_are_checked() {
+        let d = dir("stream");
+        let victim = d.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let ev = d.join("events.jsonl");
+        std::os::unix::fs::symlink(&victim, &ev).unwrap();
+        let e = create_stream(&ev).unwrap_err();
+        assert!(format!("{e:#}").contains("symlink"), "{e:#}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(check_target(&d.join("missing/r.json")).is_err());
+        assert!(check_target(&d).is_err());
+        assert!(check_target(&d.join("new.json")).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
