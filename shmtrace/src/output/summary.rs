@@ -287,3 +287,48 @@ fn delay(ns: u64) -> String {
         format!("{:.1}us", ns as f64 / 1e3)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        analysis::{Context, Report},
+        state::tests::{setup, sigbus_stream},
+    };
+
+    #[test]
+    fn the_summary_leads_with_the_first_failure_and_its_evidence() {
+        let (mut st, mut host, mut s) = setup();
+        sigbus_stream(&mut st, &mut host, &mut s);
+        let r = Report::build(
+            &st,
+            Context {
+                mode: "run",
+                command: None,
+                target_pid: None,
+                duration_s: 1.0,
+                lost: [0, 2, 0],
+                exit: None,
+                notes: Vec::new(),
+            },
+        );
+        let text = super::render(&r);
+        let first = text.lines().next().unwrap();
+        assert!(
+            first.contains("the first process to fail was pid 12"),
+            "{text}"
+        );
+        assert!(
+            text.contains("SIGBUS (BUS_ADRERR) on a page of /dev/shm/torch_12_1"),
+            "{text}"
+        );
+        assert!(text.contains("64.0 MiB of 64.0 MiB used (100%)"), "{text}");
+        assert!(
+            text.contains("diagnosis      [pytorch-dataloader:sigbus]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("LOST EVENTS    2 (events ring 0, failures ring 2"),
+            "losses are shown: {text}"
+        );
+    }
+}
