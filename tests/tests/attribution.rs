@@ -1,5 +1,7 @@
 //! Who holds the bytes: per process, per file, per mount, per container,
 //! checked against st_blocks and statfs as the workloads see them.
+//! One file on purpose: its tests share the holders workload and the
+//! helpers that read its output.
 
 use std::{
     io::{BufRead, BufReader, Read},

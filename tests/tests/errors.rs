@@ -284,12 +284,16 @@ fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
     let report = dir.join("r.json");
     std::os::unix::fs::symlink(&victim, &report).unwrap();
     std::os::unix::fs::symlink(&victim, dir.join("r.tmp-shmtrace")).unwrap();
-    let out = Command::new(shmtrace())
-        .args(["run", "--quiet", "--report"])
-        .arg(&report)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    // `shmtrace run --quiet FLAG PATH -- true`
+    let run_with = |flag: &str, path: &std::path::Path| {
+        Command::new(shmtrace())
+            .args(["run", "--quiet", flag])
+            .arg(path)
+            .args(["--", "true"])
+            .output()
+            .unwrap()
+    };
+    let out = run_with("--report", &report);
     assert!(
         out.status.success(),
         "{}",
@@ -302,12 +306,7 @@ fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
 
     let events = dir.join("e.jsonl");
     std::os::unix::fs::symlink(&victim, &events).unwrap();
-    let out = Command::new(shmtrace())
-        .args(["run", "--quiet", "--events"])
-        .arg(&events)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = run_with("--events", &events);
     assert!(!out.status.success(), "a symlinked --events is refused");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("symlink"), "{err}");
@@ -320,12 +319,7 @@ fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
     // SAFETY: mknod with a valid NUL-terminated path.
     let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
     assert_eq!(rc, 0, "mknod");
-    let out = Command::new(shmtrace())
-        .args(["run", "--quiet", "--report"])
-        .arg(&dev)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = run_with("--report", &dev);
     assert!(
         out.status.success(),
         "{}",

@@ -1,0 +1,148 @@
+//! Diagnosis drawn from facts that synthetic event streams left in state.
+
+use super::*;
+use crate::{
+    analysis::facts::Context,
+    event::{Addr, Event, ExitStatus, MountPages, Syscall},
+    state::tests::{MIB, SHM, file, setup},
+};
+
+fn ctx() -> Context {
+    Context {
+        mode: "run",
+        command: None,
+        target_pid: Some(10),
+        duration_s: 1.0,
+        lost: [0; 3],
+        exit: None,
+        notes: Vec::new(),
+    }
+}
+
+/// A DataLoader: main 10 and workers 11, 12, 13 filling 16 MiB
+/// segments; worker 13 faults first, worker 11 after it; both die.
+fn dataloader(names: &str) -> Facts {
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(10, "python train.py".into());
+    st.add_existing(&mut host, 10, 0, true);
+    let mut evs = Vec::new();
+    for w in [11, 12, 13] {
+        evs.push(Event::Fork {
+            h: s.h(10, 1),
+            child: w,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        let f = file(
+            w as u64,
+            &format!("{names}_{w}_1"),
+            16 * MIB as i64,
+            0,
+            16000,
+        );
+        evs.push(Event::Opened {
+            h: s.h(w, 10),
+            syscall: Syscall::Openat,
+            fd: 5,
+            flags: libc::O_CREAT as u64,
+            file: f.clone(),
+        });
+        evs.push(Event::Mapped {
+            h: s.h(w, 10),
+            addr: Addr(base),
+            len: 16 * MIB,
+            prot: 3,
+            flags: 1,
+            offset: 0,
+            file: f,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        evs.push(Event::Sigbus {
+            h: s.h(w, 10),
+            target: w,
+            target_tid: w,
+            si_code: 2,
+            si_errno: 0,
+            addr: Addr(base + 8 * MIB),
+            mount: Some(MountPages {
+                dev: SHM,
+                max_pages: 16384,
+                used_pages: 16384,
+            }),
+        });
+    }
+    for w in [13, 11] {
+        evs.push(Event::Exit {
+            h: s.h(w, 10),
+            status: ExitStatus::from_kernel(7),
+        });
+    }
+    for ev in &evs {
+        st.apply(ev, &mut host);
+    }
+    Facts::gather(&st, ctx())
+}
+
+#[test]
+fn a_dataloader_sigbus_names_the_first_worker_and_what_pytorch_gets_wrong() {
+    let facts = dataloader("torch");
+    let d = diagnose(&facts).unwrap();
+    assert_eq!(d.signature, "pytorch-dataloader:sigbus");
+    assert_eq!(facts.first_failure.as_ref().unwrap().pid, 13);
+    assert!(
+        d.summary.starts_with("DataLoader worker 2 (pid 13"),
+        "{}",
+        d.summary
+    );
+    let msg = d.framework_message.unwrap();
+    assert!(
+        msg.contains("(pid 11) is killed by signal: Bus error"),
+        "{msg}"
+    );
+    let wrong = d.framework_misleads.unwrap();
+    assert!(
+        wrong.contains("The first worker to fail was pid 13"),
+        "{wrong}"
+    );
+    // 64 MiB in use + 2 x 8 MiB still wanted = 80 MiB; steady state
+    // (2 segment makers x 2 + 2) x 16 MiB = 96 MiB; +25% -> 128 MiB.
+    assert_eq!(d.recommended_shm_bytes, Some(128 * MIB));
+    let basis = d.basis.unwrap();
+    assert!(basis.contains("DataLoader steady state"), "{basis}");
+    assert!(d.docker.unwrap().contains("--shm-size=128m"));
+    assert!(d.dataloader.unwrap().starts_with("to fit 64 MiB"));
+}
+
+#[test]
+fn other_users_get_a_generic_signature_without_dataloader_advice() {
+    let facts = dataloader("seg");
+    let d = diagnose(&facts).unwrap();
+    assert_eq!(d.signature, "shm:sigbus");
+    assert!(d.framework.is_none() && d.dataloader.is_none());
+    assert!(d.framework_message.is_none());
+    assert!(d.recommended_shm_bytes.is_some());
+}
+
+#[test]
+fn an_oom_kill_is_not_fixed_by_a_bigger_dev_shm() {
+    let (mut st, mut host, mut s) = setup();
+    st.apply(
+        &Event::OomVictim {
+            h: s.h(5, 1),
+            victim: 7,
+            shmem_rss: 0,
+        },
+        &mut host,
+    );
+    let d = diagnose(&Facts::gather(&st, ctx())).unwrap();
+    assert_eq!(d.signature, "memcg:oom-kill");
+    assert_eq!(d.recommended_shm_bytes, None);
+    assert!(d.basis.unwrap().contains("memory cgroup"));
+}
+
+#[test]
+fn no_failure_no_diagnosis() {
+    let (st, _, _) = setup();
+    assert!(diagnose(&Facts::gather(&st, ctx())).is_none());
+}

@@ -1,0 +1,205 @@
+//! Attribution, namespaces and containers, from synthetic streams.
+
+use super::*;
+
+#[test]
+fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
+    let (mut st, mut host, mut s) = setup();
+    sigbus_stream(&mut st, &mut host, &mut s);
+    // The worker filled 4 MiB; the trainer received the fd over a socket.
+    host.file(SHM, 100, 8 * MIB as i64, 4 * MIB, 0);
+    let seg = host.files[&(SHM, 100)];
+    host.fds.insert(
+        12,
+        vec![FdEntry {
+            fd: 5,
+            stat: seg,
+            name: None,
+        }],
+    );
+    host.fds.insert(
+        10,
+        vec![FdEntry {
+            fd: 9,
+            stat: seg,
+            name: Some("torch_12_1".into()),
+        }],
+    );
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(10, 1),
+            control_bytes: 24,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let f = &st.files.files[&(SHM, 100)];
+    assert_eq!(f.creator, Some(12));
+    assert_eq!(f.allocated_by.get(&12), Some(&(4 * MIB)));
+    assert_eq!(
+        f.fd_holders.iter().copied().collect::<Vec<_>>(),
+        vec![10, 12]
+    );
+    assert_eq!(st.procs.get(10).unwrap().held_bytes, 4 * MIB);
+    assert_eq!(st.mount_stats.by_dev[&SHM].tracked_bytes, 4 * MIB);
+
+    // The worker exits, the trainer closes it: unlinked and unheld, freed.
+    st.apply(
+        &Event::Exit {
+            h: s.h(12, 10),
+            status: ExitStatus::from_kernel(7),
+        },
+        &mut host,
+    );
+    host.fds.insert(10, vec![]);
+    host.fds.remove(&12);
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(10, 1),
+            control_bytes: 0,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    assert!(st.files.files.is_empty(), "{:?}", st.files.files.keys());
+    assert_eq!(st.procs.get(10).unwrap().held_bytes, 0);
+    assert_eq!(st.procs.get(10).unwrap().peak_held_bytes, 4 * MIB);
+}
+
+#[test]
+fn first_failure_on_a_mount_lists_its_holders() {
+    let (mut st, mut host, mut s) = setup();
+    host.file(SHM, 200, 48 * MIB as i64, 48 * MIB, 1);
+    let hoard = host.files[&(SHM, 200)];
+    host.fds.insert(
+        70,
+        vec![FdEntry {
+            fd: 3,
+            stat: hoard,
+            name: Some("hoard".into()),
+        }],
+    );
+    st.apply(
+        &Event::FdsReceived {
+            h: s.h(70, 1),
+            control_bytes: 24,
+        },
+        &mut host,
+    );
+    sigbus_stream(&mut st, &mut host, &mut s);
+    let f = &st.failures.all()[0];
+    assert_eq!(
+        f.holders.first().map(|h| (h.pid, h.held_bytes)),
+        Some((70, 48 * MIB))
+    );
+}
+
+#[test]
+fn new_namespaces_are_anchored_and_idle_ones_let_go() {
+    let (mut st, mut host, mut s) = setup();
+    let pod_ns = 4026532999;
+    let pod_shm = Dev(77);
+    host.mounts.insert(
+        pod_ns,
+        vec![Mount {
+            dev: pod_shm,
+            mountpoint: "/dev/shm".into(),
+            fstype: "tmpfs".into(),
+        }],
+    );
+    let mut h = s.h(80, 1);
+    h.mnt_ns = pod_ns;
+    let seg = FileRef {
+        dev: pod_shm,
+        ..file(5, "x", 0, 0, 0)
+    };
+    st.apply(
+        &Event::Opened {
+            h: h.clone(),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: seg.clone(),
+        },
+        &mut host,
+    );
+    assert_eq!(host.anchored(), vec![pod_ns]);
+    assert_eq!(st.mounts.by_dev(pod_shm).unwrap().mountpoint, "/dev/shm");
+    assert!(st.files.files.contains_key(&(pod_shm, 5)));
+
+    st.release_idle_namespaces = Some(Duration::ZERO);
+    st.apply(
+        &Event::Exit {
+            h: h.clone(),
+            status: ExitStatus::from_kernel(0),
+        },
+        &mut host,
+    );
+    st.tick(&mut host); // first seen idle
+    std::thread::sleep(Duration::from_millis(2));
+    st.tick(&mut host);
+    assert_eq!(host.released, vec![pod_ns]);
+    assert!(!st.files.files.contains_key(&(pod_shm, 5)));
+    assert!(!st.mount_stats.by_dev.contains_key(&pod_shm));
+}
+
+#[test]
+fn failures_carry_their_container_from_the_cgroup_id() {
+    let (mut st, mut host, mut s) = setup();
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    host.cgroup_ids
+        .insert(555, format!("/libpod_parent/libpod-{id}"));
+    let mut h = s.h(90, 1);
+    h.cgroup_id = 555;
+    st.apply(&Event::Fork { h, child: 91 }, &mut host);
+    st.apply(
+        &Event::SyscallFailed {
+            h: s.h(90, 1),
+            errno: libc::ENOSPC,
+            call: FailedCall::OnFile {
+                syscall: Syscall::Write,
+                fd: 1,
+                offset: Some(0),
+                bytes: Some(4096),
+                file: file(8, "x", 0, 0, 16384),
+            },
+        },
+        &mut host,
+    );
+    // Each header is the truth at its event: this one came from the root cgroup.
+    assert!(st.failures.all()[0].container.is_none());
+    let mut h = s.h(90, 1);
+    h.cgroup_id = 555;
+    st.apply(&Event::Closed { h, fd: 1 }, &mut host);
+    st.tick(&mut host);
+    let p = st.procs.get(90).unwrap();
+    let c = p.container.as_ref().unwrap();
+    assert_eq!(
+        (c.runtime.as_deref(), c.container_id.as_deref()),
+        (Some("podman"), Some(id))
+    );
+}
+
+#[test]
+fn memfd_devices_in_no_mount_table_are_remembered() {
+    let (mut st, mut host, mut s) = setup();
+    let memfd = FileRef {
+        dev: Dev(1),
+        ..file(3, "memfd:x", 0, 0, 0)
+    };
+    for _ in 0..3 {
+        st.apply(
+            &Event::Mapped {
+                h: s.h(95, 1),
+                addr: Addr(0x1000),
+                len: 4096,
+                prot: 3,
+                flags: 1,
+                offset: 0,
+                file: memfd.clone(),
+            },
+            &mut host,
+        );
+    }
+    assert!(st.mounts.is_unmounted(Dev(1)));
+}
