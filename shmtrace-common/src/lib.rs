@@ -19,6 +19,8 @@ pub const ENOMEM: i64 = 12;
 pub const EFBIG: i64 = 27;
 pub const ENOSPC: i64 = 28;
 pub const EDQUOT: i64 = 122;
+pub const EMFILE: i64 = 24;
+pub const ENFILE: i64 = 23;
 
 /// Value flags in the `TRACED` map (key: tgid).
 pub mod traced {
@@ -36,7 +38,36 @@ pub mod lost {
     pub const FAILURE: u32 = 1;
     /// A new child could not be added to the traced set (map full).
     pub const TRACED_FULL: u32 = 2;
-    pub const COUNT: u32 = 3;
+    /// A failure record held back: its process was over its budget
+    /// ([`super::rate`]). Counted per process too, in `FAIL_RATE`.
+    pub const RATE_LIMITED: u32 = 3;
+    /// A SIGBUS sent by a process (not a fault) held back: over budget.
+    pub const SENT_SIGBUS: u32 = 4;
+    /// The first failure on a mount found even the reserved ring full.
+    pub const FIRST: u32 = 5;
+    pub const COUNT: u32 = 6;
+}
+
+/// Per-process budgets that keep one process from drowning the others.
+pub mod rate {
+    /// Length of a budget window.
+    pub const WINDOW_NS: u64 = 1_000_000_000;
+    /// Failure records a process may send per window; more are counted.
+    pub const FAILURES: u32 = 64;
+    /// SIGBUS sent by processes (kill, tgkill, raise) reported per target
+    /// per window: PyTorch's worker re-raises one; a loop is noise.
+    pub const SENT_SIGBUS: u32 = 4;
+}
+
+/// One process's budget in a window, and what it had held back in all.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Budget {
+    pub window_start_ns: u64,
+    pub used: u32,
+    pub _pad: u32,
+    /// Records held back since tracing began.
+    pub suppressed: u64,
 }
 
 /// What an [`Event`] records. The meaning of `ret` and `args` depends on it.
@@ -197,6 +228,7 @@ const _: () = {
     assert!(size_of::<KernelOffsets>() == 41 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);
     assert!(size_of::<Config>() == 8);
+    assert!(size_of::<Budget>() == 24);
 };
 
 /// Offsets of kernel struct members, read by user space from
@@ -285,7 +317,9 @@ pub struct SyscallNrs {
 pub struct Config {
     /// Trace every process (node-wide), not only those in `TRACED`.
     pub all_processes: u32,
-    pub _pad: u32,
+    /// shmtrace's own tgid: never traced, whatever the mode (its own
+    /// output files on a full tmpfs would feed back).
+    pub self_tgid: u32,
 }
 
 #[cfg(feature = "user")]
@@ -294,4 +328,5 @@ mod user {
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::SyscallNrs {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Budget {}
 }

@@ -1,7 +1,11 @@
 //! Maps, the traced-process filter, and filling event headers.
 //!
 //! Two ring buffers so that a flood of ordinary events (fork, mmap, exit)
-//! can never crowd out a failure: failures have a ring of their own.
+//! can never crowd out a failure: failures have a ring of their own. And
+//! so that no process can crowd out another's failure there: each process
+//! has a budget of failure records per second, SIGBUS sent by processes
+//! (not faults) never go to it, and the first failure on each tmpfs mount
+//! has a small ring in reserve.
 
 use aya_ebpf::{
     helpers::{
@@ -10,7 +14,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use shmtrace_common::{Event, EventKind, lost, traced};
+use shmtrace_common::{Budget, Event, EventKind, lost, rate, traced};
 
 use crate::kernel;
 
@@ -35,6 +39,22 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
 static FAILURES: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
+/// Only for the first failure on a mount whose record found FAILURES full.
+#[map]
+static FIRSTS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+
+/// tgid -> its failure-record budget. LRU: bounded whatever runs.
+#[map]
+pub static FAIL_RATE: LruHashMap<u32, Budget> = LruHashMap::with_max_entries(16384, 0);
+
+/// Target tgid -> its budget of reported SIGBUS sent by processes.
+#[map]
+static SENT_RATE: LruHashMap<u32, Budget> = LruHashMap::with_max_entries(16384, 0);
+
+/// Kernel devs of tmpfs mounts that already had a failure record.
+#[map]
+static FAILED_MOUNTS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
+
 /// Per-CPU loss counters, indexed by `lost::*`.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::COUNT, 0);
@@ -53,10 +73,72 @@ pub fn flags(tgid: u32) -> u32 {
     unsafe { TRACED.get(tgid) }.copied().unwrap_or(0)
 }
 
-/// Whether events of `tgid` are reported.
+/// Whether events of `tgid` are reported. Never shmtrace's own.
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
+    if tgid == kernel::self_tgid() {
+        return false;
+    }
     kernel::all_processes() || flags(tgid) & traced::REPORT != 0
+}
+
+/// Takes one from `tgid`'s budget in `map` (at most `per_window` per
+/// window); false, counted there and in `lost_idx`, when it has none left.
+#[inline(always)]
+fn spend(map: &LruHashMap<u32, Budget>, tgid: u32, per_window: u32, lost_idx: u32) -> bool {
+    // SAFETY: a helper without arguments or side effects.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(b) = map.get_ptr_mut(tgid) else {
+        let fresh = Budget {
+            window_start_ns: now,
+            used: 1,
+            ..Budget::default()
+        };
+        // A full LRU evicts the stalest process's budget: bounded memory.
+        let _ = map.insert(tgid, fresh, 0);
+        return true;
+    };
+    // SAFETY: a map value pointer valid for this program's run. Races
+    // between CPUs on one process's budget only blur its counts.
+    let b = unsafe { &mut *b };
+    if now.wrapping_sub(b.window_start_ns) > rate::WINDOW_NS {
+        b.window_start_ns = now;
+        b.used = 0;
+    }
+    if b.used >= per_window {
+        b.suppressed += 1;
+        count_lost(lost_idx);
+        return false;
+    }
+    b.used += 1;
+    true
+}
+
+/// Whether a SIGBUS sent to `target` by a process may be reported now.
+#[inline(always)]
+pub fn sent_sigbus_allowed(target: u32) -> bool {
+    spend(&SENT_RATE, target, rate::SENT_SIGBUS, lost::SENT_SIGBUS)
+}
+
+/// Reserves a failure record of process `tgid` about tmpfs `dev` (0 when
+/// unknown here). The first failure on a mount always passes, and falls
+/// back to the reserved ring; the others spend the process's budget.
+#[inline(always)]
+pub fn start_failure(kind: EventKind, tgid: u32, dev: u32) -> Option<RingBufEntry<Event>> {
+    // SAFETY: only presence is tested; no reference is kept.
+    let first = dev != 0 && unsafe { FAILED_MOUNTS.get(dev) }.is_none();
+    if first {
+        let _ = FAILED_MOUNTS.insert(dev, 1, 0);
+        if let Some(e) = reserve(&FIRSTS, kind) {
+            return Some(e);
+        }
+        count_lost(lost::FIRST);
+        return start(Ring::Failures, kind);
+    }
+    if !spend(&FAIL_RATE, tgid, rate::FAILURES, lost::RATE_LIMITED) {
+        return None;
+    }
+    start(Ring::Failures, kind)
 }
 
 pub enum Ring {
@@ -72,10 +154,17 @@ pub fn start(ring: Ring, kind: EventKind) -> Option<RingBufEntry<Event>> {
         Ring::Events => (&EVENTS, lost::EVENT),
         Ring::Failures => (&FAILURES, lost::FAILURE),
     };
-    let Some(mut entry) = rb.reserve::<Event>(0) else {
+    let entry = reserve(rb, kind);
+    if entry.is_none() {
         count_lost(idx);
-        return None;
-    };
+    }
+    entry
+}
+
+/// Reserves a zeroed, headed event on `rb`; None when it is full.
+#[inline(always)]
+fn reserve(rb: &RingBuf, kind: EventKind) -> Option<RingBufEntry<Event>> {
+    let mut entry = rb.reserve::<Event>(0)?;
     let ev = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
     let task = kernel::current_task();

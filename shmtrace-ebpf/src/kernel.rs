@@ -75,7 +75,7 @@ static NRS: SyscallNrs = SyscallNrs {
 #[unsafe(no_mangle)]
 static CONFIG: Config = Config {
     all_processes: 0,
-    _pad: 0,
+    self_tgid: 0,
 };
 
 /// One offset from the loader-provided table.
@@ -108,6 +108,13 @@ pub fn offsets() -> &'static KernelOffsets {
 #[inline(always)]
 pub fn syscall_nrs() -> &'static SyscallNrs {
     &NRS
+}
+
+/// shmtrace's own tgid (never traced).
+#[inline(always)]
+pub fn self_tgid() -> u32 {
+    // SAFETY: a volatile read of a field of a static: valid and aligned.
+    unsafe { core::ptr::read_volatile(&CONFIG.self_tgid) }
 }
 
 #[inline(always)]
@@ -190,10 +197,16 @@ pub fn tmpfs_inode(file: u64) -> u64 {
 /// Fills the mount part of `info` (device, size, use) from superblock `sb`.
 #[inline(always)]
 pub fn fill_fs_info(info: &mut FileInfo, sb: u64) {
-    info.dev = read::<u32>(sb, off!(sb_dev)).unwrap_or(0);
+    info.dev = sb_dev(sb);
     let sbinfo = read_ptr(sb, off!(sb_fs_info));
     info.fs_max_pages = read::<u64>(sbinfo, off!(sbinfo_max_blocks)).unwrap_or(0);
     info.fs_used_pages = read::<i64>(sbinfo, off!(sbinfo_used_blocks)).unwrap_or(0);
+}
+
+/// The kernel dev of superblock `sb` (0 when unknown).
+#[inline(always)]
+pub fn sb_dev(sb: u64) -> u32 {
+    read::<u32>(sb, off!(sb_dev)).unwrap_or(0)
 }
 
 /// Fills `info` from a tmpfs `file` and its `inode`.

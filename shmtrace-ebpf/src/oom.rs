@@ -5,7 +5,7 @@ use aya_ebpf::{EbpfContext, macros::tracepoint, programs::TracePointContext};
 use shmtrace_common::EventKind;
 
 use crate::{
-    emit::{self, Ring},
+    emit,
     kernel::{self, off},
 };
 
@@ -17,7 +17,7 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
     if pid == 0 || !emit::is_traced(pid) {
         return 0;
     }
-    if let Some(mut e) = emit::start(Ring::Failures, EventKind::OomVictim) {
+    if let Some(mut e) = emit::start_failure(EventKind::OomVictim, pid, 0) {
         let ev = emit::body(&mut e);
         ev.args[0] = pid as u64;
         ev.args[1] = kernel::read::<u64>(base, off!(tp_victim_shmem_rss)).unwrap_or(0);

@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
-use shmtrace_common::{EDQUOT, EFBIG, ENOMEM, ENOSPC, EventKind};
+use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOMEM, ENOSPC, EventKind};
 
 use crate::{
     emit::{self, Ring, SHM_MAPPED, TMPFS_FDS},
@@ -155,7 +155,16 @@ fn tgid() -> u32 {
 fn on_failure(regs: u64, nr: u32, ret: i64) {
     let errno = -ret;
     let is_map = nr == nr!(mmap) || nr == nr!(mremap);
-    if !is_map && errno != ENOSPC && errno != EDQUOT && errno != EFBIG && errno != ENOMEM {
+    // Errors that mean a limit was hit (space, quota, file size, memory,
+    // fds); mmap and mremap report every error: their cause is the point.
+    if !is_map
+        && errno != ENOSPC
+        && errno != EDQUOT
+        && errno != EFBIG
+        && errno != ENOMEM
+        && errno != EMFILE
+        && errno != ENFILE
+    {
         return;
     }
     let by_fd = nr == nr!(write)
@@ -187,7 +196,12 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     } else {
         (0, 0)
     };
-    let Some(mut e) = emit::start(Ring::Failures, EventKind::SyscallFail) else {
+    let dev = if inode != 0 {
+        kernel::sb_dev(kernel::read_ptr(inode, off!(inode_sb)))
+    } else {
+        0
+    };
+    let Some(mut e) = emit::start_failure(EventKind::SyscallFail, tgid(), dev) else {
         return;
     };
     let ev = emit::body(&mut e);

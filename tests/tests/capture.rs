@@ -315,3 +315,64 @@ fn oom_kill_of_a_traced_process_holding_shmem() {
     assert!(f["bytes"].as_u64().unwrap() > 16 << 20, "{f}");
     assert_eq!(t.output.status.code(), Some(128 + 9));
 }
+
+#[test]
+fn a_flood_of_self_sent_and_repeated_sigbus_cannot_hide_the_real_failure() {
+    let exe = workload("sigbus_flood");
+    // 200k SIGBUS sent to itself, 20k real faults recovered by a handler,
+    // then the real ENOSPC of another process.
+    let t = run_traced(
+        &[],
+        &private_shm(
+            "size=8m",
+            &format!("exec {} /dev/shm 200000 20000", exe.display()),
+        ),
+    );
+    let truth = truth(&t.stdout());
+    let (main, noise) = (truth["pid"].as_u64(), truth["noise"].as_u64());
+    let f = t.first();
+    assert_eq!(
+        f["pid"].as_u64(),
+        main,
+        "the real failure is the first:\n{}",
+        t.stderr()
+    );
+    assert_eq!(
+        (f["kind"].as_str(), f["syscall"].as_str()),
+        (Some("enospc"), Some("fallocate"))
+    );
+    assert_eq!(
+        t.report["lost"]["failures_ring"].as_u64(),
+        Some(0),
+        "{}",
+        t.report["lost"]
+    );
+    // Sent SIGBUS never take the failure ring: a few are reported, the
+    // rest are counted against the process that got them.
+    let held = &t.report["suppressed"];
+    assert!(held["sent_sigbus"].as_u64().unwrap() > 150_000, "{held}");
+    assert!(held["failure_records"].as_u64().unwrap() > 10_000, "{held}");
+    let top = &held["by_process"][0];
+    assert_eq!(top["pid"].as_u64(), noise, "{held}");
+    // The faults past the end of the file: one entry with its count, not
+    // thousands of entries.
+    let others = t.report["other_sigbus"].as_array().unwrap();
+    assert!(others.len() <= 4, "{others:?}");
+    let past_end = others
+        .iter()
+        .find(|o| o["pid"].as_u64() == noise && o["si_code"] == 2)
+        .unwrap_or_else(|| panic!("{others:?}"));
+    assert!(past_end["count"].as_u64().unwrap() >= 1);
+    assert!(
+        past_end["reason"]
+            .as_str()
+            .unwrap()
+            .contains("beyond the end"),
+        "{past_end}"
+    );
+    // The noise process did not fail on shared memory.
+    assert!(t.failures().iter().all(|f| f["pid"].as_u64() != noise));
+    let size = serde_json::to_string(&t.report).unwrap().len();
+    assert!(size < 1 << 20, "a report of {size} bytes");
+    assert!(t.stderr().contains("held back"), "{}", t.stderr());
+}

@@ -13,7 +13,7 @@ fn ctx() -> Context {
         command: None,
         target_pid: Some(10),
         duration_s: 1.0,
-        lost: [0; 3],
+        counters: Default::default(),
         exit: None,
         notes: Vec::new(),
     }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::{
+    capture::{Counters, Losses, Suppressed},
     event::Dev,
     state::{
         State,
@@ -50,16 +51,6 @@ pub struct TreeReport {
 pub const SCHEMA: u32 = 1;
 
 #[derive(Serialize)]
-pub struct Lost {
-    /// Ordinary events dropped because their ring buffer was full.
-    pub events_ring: u64,
-    /// Failure events dropped because their ring buffer was full.
-    pub failures_ring: u64,
-    /// New child processes that could not be followed (traced map full).
-    pub traced_map_full: u64,
-}
-
-#[derive(Serialize)]
 pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
@@ -89,7 +80,10 @@ pub struct Facts {
     /// SIGBUS signals that were not shared-memory failures, and why.
     pub other_sigbus: Vec<OtherSignal>,
     pub lost_events: u64,
-    pub lost: Lost,
+    pub lost: Losses,
+    /// Records the kernel side held back on purpose (a process over its
+    /// budget), and who was held back most.
+    pub suppressed: Suppressed,
     pub events_received: u64,
     pub events_by_kind: BTreeMap<String, u64>,
     pub exit: Option<Exit>,
@@ -101,7 +95,7 @@ pub struct Context {
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
     pub duration_s: f64,
-    pub lost: [u64; 3],
+    pub counters: Counters,
     pub exit: Option<Exit>,
     pub notes: Vec<String>,
 }
@@ -124,13 +118,10 @@ impl Facts {
             trees: trees(st),
             files: st.files.files.values().cloned().collect(),
             segments: st.files.segments.clone(),
-            other_sigbus: st.failures.other.clone(),
-            lost_events: ctx.lost.iter().sum(),
-            lost: Lost {
-                events_ring: ctx.lost[0],
-                failures_ring: ctx.lost[1],
-                traced_map_full: ctx.lost[2],
-            },
+            other_sigbus: st.failures.other().to_vec(),
+            lost_events: ctx.counters.lost.total(),
+            lost: ctx.counters.lost,
+            suppressed: ctx.counters.suppressed,
             events_received: st.evidence.events_seen,
             events_by_kind: st
                 .evidence

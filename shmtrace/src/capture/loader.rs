@@ -7,7 +7,9 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
 };
-use shmtrace_common::{Config, lost};
+use shmtrace_common::{Budget, Config, lost};
+
+use super::counters::{Counters, Losses, Suppressed};
 use tokio::io::unix::AsyncFd;
 
 use super::{btf::Btf, decode::Decoder, offsets, order::Orderer, preflight};
@@ -86,8 +88,12 @@ pub struct Tracer {
     traced: HashMap<MapData, u32, u32>,
     shm_mapped: HashMap<MapData, u32, u64>,
     lost: PerCpuArray<MapData, u64>,
+    fail_rate: HashMap<MapData, u32, Budget>,
+    sent_rate: HashMap<MapData, u32, Budget>,
     events: AsyncFd<RingBuf<MapData>>,
     failures: AsyncFd<RingBuf<MapData>>,
+    /// First failures on a mount, when FAILURES was full.
+    firsts: AsyncFd<RingBuf<MapData>>,
     decoder: Decoder,
     /// Events read but not yet old enough to be sure nothing earlier is
     /// still on its way (two rings, several CPUs).
@@ -130,7 +136,7 @@ impl Tracer {
         let nrs = offsets::syscall_nrs();
         let config = Config {
             all_processes: all_processes as u32,
-            _pad: 0,
+            self_tgid: std::process::id(),
         };
 
         let mut loader = EbpfLoader::new();
@@ -181,13 +187,21 @@ impl Tracer {
         let failures = readable(RingBuf::try_from(
             ebpf.take_map("FAILURES").context("map FAILURES")?,
         )?)?;
+        let firsts = readable(RingBuf::try_from(
+            ebpf.take_map("FIRSTS").context("map FIRSTS")?,
+        )?)?;
+        let fail_rate = HashMap::try_from(ebpf.take_map("FAIL_RATE").context("map FAIL_RATE")?)?;
+        let sent_rate = HashMap::try_from(ebpf.take_map("SENT_RATE").context("map SENT_RATE")?)?;
         Ok(Self {
             _ebpf: ebpf,
             traced,
             shm_mapped,
             lost,
+            fail_rate,
+            sent_rate,
             events,
             failures,
+            firsts,
             decoder: Decoder::new(nrs),
             order: Orderer::default(),
             undecodable: 0,
@@ -248,15 +262,46 @@ impl Tracer {
         let _ = self.shm_mapped.insert(pid, 0, 0);
     }
 
-    /// Losses by stage, summed over CPUs: [events ring, failures ring, traced map full].
-    pub fn lost(&self) -> [u64; lost::COUNT as usize] {
-        let mut out = [0; lost::COUNT as usize];
-        for (i, o) in out.iter_mut().enumerate() {
+    /// What the kernel side lost and held back, summed over CPUs, with the
+    /// processes held back most (reads two bounded maps: not per event).
+    pub fn counters(&self) -> Counters {
+        let mut c = [0u64; lost::COUNT as usize];
+        for (i, o) in c.iter_mut().enumerate() {
             if let Ok(v) = self.lost.get(&(i as u32), 0) {
                 *o = v.iter().sum();
             }
         }
-        out
+        let held = |m: &HashMap<MapData, u32, Budget>| -> Vec<(u32, u64)> {
+            m.iter()
+                .flatten()
+                .filter(|(_, b)| b.suppressed > 0)
+                .map(|(pid, b)| (pid, b.suppressed))
+                .collect()
+        };
+        Counters {
+            lost: Losses {
+                events_ring: c[lost::EVENT as usize],
+                failures_ring: c[lost::FAILURE as usize],
+                traced_map_full: c[lost::TRACED_FULL as usize],
+                first_failure_reserve_full: c[lost::FIRST as usize],
+            },
+            suppressed: Suppressed {
+                failure_records: c[lost::RATE_LIMITED as usize],
+                sent_sigbus: c[lost::SENT_SIGBUS as usize],
+                by_process: Suppressed::top(held(&self.fail_rate), held(&self.sent_rate)),
+            },
+        }
+    }
+
+    /// Records that never reached user space (cheap: for live views).
+    pub fn lost_total(&self) -> u64 {
+        let mut n = 0;
+        for i in [lost::EVENT, lost::FAILURE, lost::TRACED_FULL] {
+            if let Ok(v) = self.lost.get(&i, 0) {
+                n += v.iter().sum::<u64>();
+            }
+        }
+        n
     }
 
     /// Waits until a ring has data or `timeout` passes.
@@ -264,6 +309,7 @@ impl Tracer {
         tokio::select! {
             r = self.events.readable_mut() => { if let Ok(mut g) = r { g.clear_ready(); } }
             r = self.failures.readable_mut() => { if let Ok(mut g) = r { g.clear_ready(); } }
+            r = self.firsts.readable_mut() => { if let Ok(mut g) = r { g.clear_ready(); } }
             _ = tokio::time::sleep(timeout) => {}
         }
     }
@@ -273,7 +319,11 @@ impl Tracer {
     /// be in flight before it). `flush` returns everything.
     pub fn drain(&mut self, flush: bool) -> Vec<Event> {
         let watermark = monotonic_ns();
-        for ring in [self.failures.get_mut(), self.events.get_mut()] {
+        for ring in [
+            self.firsts.get_mut(),
+            self.failures.get_mut(),
+            self.events.get_mut(),
+        ] {
             while let Some(item) = ring.next() {
                 match self.decoder.decode(&item) {
                     Ok(ev) => self.order.push(ev),

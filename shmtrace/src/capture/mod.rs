@@ -4,10 +4,12 @@
 //! [`crate::event::Event`]; `order` releases them in kernel-time order.
 
 pub mod btf;
+pub mod counters;
 pub mod decode;
 pub mod loader;
 pub mod offsets;
 pub mod order;
 pub mod preflight;
 
+pub use counters::{Counters, Losses, Suppressed};
 pub use loader::{Tracer, monotonic_ns};

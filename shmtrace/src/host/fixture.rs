@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{FdEntry, FileStat, Host, MapsEntry};
+use super::{FdEntry, FileStat, Host, Lookup, MapsEntry};
 use crate::{
     event::{Addr, Dev},
     state::mounts::{Mount, Usage},
@@ -23,6 +23,8 @@ pub struct Fixture {
     pub fds: HashMap<u32, Vec<FdEntry>>,
     /// Files by (dev, ino): what stat says now.
     pub files: HashMap<(Dev, u64), FileStat>,
+    /// Names on tmpfs mounts: (dev, name relative to the mount) -> inode.
+    pub names: HashMap<(Dev, String), u64>,
     pub dirs: HashMap<u32, String>,
     pub cgroups: HashMap<u32, String>,
     pub cgroup_ids: HashMap<u64, String>,
@@ -116,6 +118,16 @@ impl Host for Fixture {
     fn statfs(&self, dev: Dev, _ns: u32, _mountpoint: &str, _via: &[u32]) -> Option<Usage> {
         self.usage.get(&dev).copied()
     }
+    fn lookup(&self, dev: Dev, _ns: u32, _mountpoint: &str, rel: &str) -> Lookup {
+        match self.names.get(&(dev, rel.to_string())) {
+            Some(ino) => self
+                .files
+                .get(&(dev, *ino))
+                .map_or(Lookup::Unknown, |st| Lookup::Found(*st)),
+            None => Lookup::Missing,
+        }
+    }
+
     fn maps(&self, pid: u32) -> Vec<MapsEntry> {
         self.maps.get(&pid).cloned().unwrap_or_default()
     }

@@ -27,6 +27,16 @@ pub struct FileStat {
     pub regular: bool,
 }
 
+/// A file looked up by name on a tmpfs mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(FileStat),
+    /// The mount answered: no such name.
+    Missing,
+    /// Could not tell (no way into the namespace, the mount moved).
+    Unknown,
+}
+
 /// One open fd of a process on a tmpfs-or-other file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FdEntry {
@@ -69,6 +79,9 @@ pub trait Host {
     /// or one of `via`, and only if that path really is device `dev` there.
     fn statfs(&self, dev: Dev, ns: u32, mountpoint: &str, via: &[u32]) -> Option<Usage>;
     /// File mappings of `pid`.
+    /// lstat of `rel` (no symlink followed) under mount `dev` at
+    /// `mountpoint` in namespace `ns`.
+    fn lookup(&self, dev: Dev, ns: u32, mountpoint: &str, rel: &str) -> Lookup;
     fn maps(&self, pid: u32) -> Vec<MapsEntry>;
     /// Open fds of `pid` on regular files (None: the process is gone).
     fn fds(&self, pid: u32) -> Option<Vec<FdEntry>>;

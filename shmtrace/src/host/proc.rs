@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, time::Instant};
 
-use super::{FdEntry, FileStat, Host, MapsEntry, anchors::Anchors};
+use super::{FdEntry, FileStat, Host, Lookup, MapsEntry, anchors::Anchors};
 use crate::{
     escape,
     event::{Addr, Dev},
@@ -94,6 +94,24 @@ impl Host for ProcHost {
         None
     }
 
+    fn lookup(&self, dev: Dev, ns: u32, mountpoint: &str, rel: &str) -> Lookup {
+        let Some(anchor) = self.anchors.get(ns) else {
+            return Lookup::Unknown;
+        };
+        let root = format!("/proc/{anchor}/root{mountpoint}");
+        // The mount must still be where it was: else a missing name means nothing.
+        match nix::sys::stat::stat(root.as_str()) {
+            Ok(st) if dev_of(st.st_dev) == dev => {}
+            _ => return Lookup::Unknown,
+        }
+        match nix::sys::stat::lstat(format!("{root}/{rel}").as_str()) {
+            Ok(st) if dev_of(st.st_dev) == dev => Lookup::Found(file_stat(&st)),
+            Ok(_) => Lookup::Missing,
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => Lookup::Missing,
+            Err(_) => Lookup::Unknown,
+        }
+    }
+
     fn maps(&self, pid: u32) -> Vec<MapsEntry> {
         std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .map(|t| parse_maps(&t))
@@ -156,7 +174,8 @@ impl Host for ProcHost {
 
     fn cgroup(&self, pid: u32) -> Option<String> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        Some(container_cgroup(&text))
+        // Anyone who may create a cgroup names it: escaped like any name.
+        Some(escape::str(&container_cgroup(&text)))
     }
 
     fn cgroup_path(&mut self, id: u64) -> Option<String> {
@@ -164,6 +183,8 @@ impl Host for ProcHost {
             && self.last_walk.is_none_or(|t| t.elapsed().as_secs() >= 1)
         {
             self.last_walk = Some(Instant::now());
+            // Rebuilt each walk: cgroups removed since leave the map.
+            self.cgroup_ids.clear();
             if let Some(root) = v2_root() {
                 let root = Path::new(root);
                 walk(root, root, &mut self.cgroup_ids, 0);
@@ -213,13 +234,26 @@ pub fn mnt_ns_of(who: &str) -> Option<u32> {
         .map(|m| m.ino() as u32)
 }
 
-/// Reads /proc/PID/cmdline, escaped, arguments joined by spaces.
+/// Bytes kept of a command line: a node's state must not grow with
+/// whatever programs pass as arguments.
+pub const CMDLINE_MAX: usize = 4096;
+
+/// Reads /proc/PID/cmdline (at most [`CMDLINE_MAX`] bytes, marked when
+/// cut), escaped, arguments joined by spaces.
 pub fn read_cmdline(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    use std::io::Read;
+    let mut raw = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/cmdline"))
+        .ok()?
+        .take(CMDLINE_MAX as u64 + 1)
+        .read_to_end(&mut raw)
+        .ok()?;
     if raw.is_empty() {
         return None;
     }
-    let parts: Vec<String> = raw
+    let cut = raw.len() > CMDLINE_MAX;
+    raw.truncate(CMDLINE_MAX);
+    let mut parts: Vec<String> = raw
         .split(|&b| b == 0)
         .filter(|p| !p.is_empty())
         .map(|p| {
@@ -227,6 +261,9 @@ pub fn read_cmdline(pid: u32) -> Option<String> {
             if s.contains(' ') { format!("'{s}'") } else { s }
         })
         .collect();
+    if cut {
+        parts.push(format!("[cut at {CMDLINE_MAX} bytes]"));
+    }
     Some(parts.join(" "))
 }
 
@@ -367,6 +404,9 @@ fn v2_root() -> Option<&'static str> {
     }
 }
 
+/// cgroups remembered from one walk of the hierarchy.
+const MAX_CGROUPS: usize = 65536;
+
 fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usize) {
     if depth > 16 {
         return;
@@ -381,8 +421,11 @@ fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usize) {
             let rel = e
                 .path()
                 .strip_prefix(root)
-                .map(|r| format!("/{}", r.display()))
+                .map(|r| format!("/{}", escape::bytes(r.as_os_str().as_encoded_bytes())))
                 .unwrap_or_default();
+            if out.len() >= MAX_CGROUPS {
+                return;
+            }
             out.insert(md.ino(), rel);
             walk(root, &e.path(), out, depth + 1);
         }

@@ -54,7 +54,7 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             _ = sighup.recv() => break,
             conn = accept(listener.as_ref()) => {
                 if let Ok((stream, _)) = conn {
-                    let body = metrics::render(&session.state, session.tracer.lost(), &mut names);
+                    let body = metrics::render(&session.state, &session.tracer.counters(), &mut names);
                     tokio::spawn(metrics::answer(stream, body));
                 }
             }

@@ -105,7 +105,7 @@ impl Session {
                 let _ = output::report::write(&self.snapshot("running", None, None, None), p);
             }
             if let Some(live) = &mut self.live {
-                live.show(&self.state, self.tracer.lost());
+                live.show(&self.state, self.tracer.lost_total());
             }
         }
     }
@@ -125,7 +125,7 @@ impl Session {
                 command,
                 target_pid,
                 duration_s: (capture::monotonic_ns() - self.start_ns) as f64 / 1e9,
-                lost: self.tracer.lost(),
+                counters: self.tracer.counters(),
                 exit,
                 notes: self.tracer.notes.clone(),
             },

@@ -38,7 +38,7 @@ impl Live {
         }
     }
 
-    pub fn show(&mut self, st: &State, lost: [u64; 3]) {
+    pub fn show(&mut self, st: &State, lost: u64) {
         let mut err = std::io::stderr().lock();
         if self.tty {
             let screen = self.screen(st, lost);
@@ -63,7 +63,7 @@ impl Live {
         }
     }
 
-    fn line(&self, st: &State, lost: [u64; 3]) -> String {
+    fn line(&self, st: &State, lost: u64) -> String {
         let mut s = format!("shmtrace +{:.0}s", self.started.elapsed().as_secs_f64());
         for m in st.mount_stats.by_dev.values() {
             if let (Some(used), Some(size)) = (m.used_bytes, m.size_bytes) {
@@ -81,16 +81,11 @@ impl Live {
         if let Some((pid, comm, held)) = top_processes(st).into_iter().next() {
             let _ = write!(s, " | top: pid {pid} ({comm}) holds {}", human_bytes(held));
         }
-        let _ = write!(
-            s,
-            " | failures {} | lost {}",
-            st.failures.len(),
-            lost.iter().sum::<u64>()
-        );
+        let _ = write!(s, " | failures {} | lost {}", st.failures.len(), lost);
         s
     }
 
-    fn screen(&self, st: &State, lost: [u64; 3]) -> String {
+    fn screen(&self, st: &State, lost: u64) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -99,7 +94,7 @@ impl Live {
             st.procs.alive().count(),
             st.evidence.events_seen,
             st.failures.len(),
-            lost.iter().sum::<u64>()
+            lost
         );
         let _ = writeln!(s, "\r\nTMPFS MOUNTS\r");
         if st.mount_stats.by_dev.is_empty() {

@@ -94,7 +94,7 @@ fn esc(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-pub fn render(st: &State, lost: [u64; 3], names: &mut PodNames) -> String {
+pub fn render(st: &State, counters: &crate::capture::Counters, names: &mut PodNames) -> String {
     let mut s = String::new();
     let help = |s: &mut String, name: &str, kind: &str, text: &str| {
         let _ = writeln!(s, "# HELP {name} {text}\n# TYPE {name} {kind}");
@@ -208,10 +208,12 @@ pub fn render(st: &State, lost: [u64; 3], names: &mut PodNames) -> String {
         "counter",
         "Kernel events lost, by stage.",
     );
-    for (stage, n) in ["events_ring", "failures_ring", "traced_map_full"]
-        .iter()
-        .zip(lost)
-    {
+    let l = &counters.lost;
+    for (stage, n) in [
+        ("events_ring", l.events_ring),
+        ("failures_ring", l.failures_ring),
+        ("traced_map_full", l.traced_map_full),
+    ] {
         let _ = writeln!(s, "shmtrace_events_lost_total{{stage=\"{stage}\"}} {n}");
     }
     help(

@@ -230,6 +230,27 @@ fn lost_line(s: &mut String, r: &Report) {
     } else {
         let _ = writeln!(s, "  lost events    0");
     }
+    let held = &r.suppressed;
+    if held.failure_records + held.sent_sigbus > 0 {
+        let who: Vec<String> = held
+            .by_process
+            .iter()
+            .take(3)
+            .map(|p| {
+                format!(
+                    "pid {}: {} failure records, {} sent SIGBUS",
+                    p.pid, p.failure_records, p.sent_sigbus
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "  held back      {} failure records over a process's budget, {} SIGBUS sent by processes ({}); first failures on each mount always pass",
+            held.failure_records,
+            held.sent_sigbus,
+            who.join("; ")
+        );
+    }
     for n in &r.notes {
         let _ = writeln!(s, "  note: {n}");
     }
@@ -306,7 +327,13 @@ mod tests {
                 command: None,
                 target_pid: None,
                 duration_s: 1.0,
-                lost: [0, 2, 0],
+                counters: crate::capture::Counters {
+                    lost: crate::capture::Losses {
+                        failures_ring: 2,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
                 exit: None,
                 notes: Vec::new(),
             },

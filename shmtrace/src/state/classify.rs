@@ -45,6 +45,8 @@ impl State {
             si_code_name: signals::sigbus_code_name(code),
             fault_addr: addr.to_string(),
             reason,
+            count: 1,
+            last_ts_ns: h.ts_ns,
         };
         if code <= 0 {
             // Sent by a process, not by a fault: a handler re-raising it
@@ -260,6 +262,10 @@ impl State {
 
     fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
         f.dev = f.kdev.map(|d| d.to_string());
+        // The same failure again: counted on the first, no more evidence.
+        if self.failures.repeated(&f) {
+            return;
+        }
         if let Some(dev) = f.kdev
             && self.failures.is_first_on(dev)
         {

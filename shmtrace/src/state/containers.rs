@@ -101,8 +101,23 @@ pub struct Containers {
     by_id: HashMap<u64, String>,
 }
 
+/// cgroup ids and paths cached: a cache, so bounded by clearing (what is
+/// still needed is learned again).
+pub const MAX_CACHED: usize = 4096;
+
 impl Containers {
+    fn trim(&mut self) {
+        if self.by_id.len() > MAX_CACHED {
+            self.by_id.clear();
+        }
+        if self.by_path.len() > MAX_CACHED {
+            let live: std::collections::HashSet<String> = self.by_pid.values().cloned().collect();
+            self.by_path.retain(|p, _| live.contains(p));
+        }
+    }
+
     fn intern(&mut self, path: &str) -> &Container {
+        self.trim();
         self.by_path
             .entry(path.to_string())
             .or_insert_with(|| parse(path))

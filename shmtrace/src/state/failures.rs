@@ -1,7 +1,7 @@
 //! The failures: shared-memory failures in the order the kernel saw them,
 //! SIGBUS that were not, and each mount as it stood at its first failure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -69,6 +69,10 @@ pub struct Failure {
     pub mnt_ns: u32,
     /// Times the same access faulted again after a handler returned.
     pub refaults: u32,
+    /// Times the same process failed the same way again (same kind,
+    /// syscall, errno and mount), and when it last did.
+    pub repeats: u64,
+    pub last_ts_ns: Option<u64>,
     /// The failing process's container (runtime, id, pod), when it is in one.
     pub container: Option<Container>,
     /// For the first failure on a mount: who held its bytes at that moment,
@@ -109,6 +113,8 @@ impl Failure {
             ancestry: Vec::new(),
             mnt_ns: 0,
             refaults: 0,
+            repeats: 0,
+            last_ts_ns: None,
             container: None,
             holders: Vec::new(),
             events_before: Vec::new(),
@@ -125,16 +131,42 @@ pub struct OtherSignal {
     pub sender_pid: u32,
     pub si_code: i32,
     pub si_code_name: &'static str,
+    /// The first one's fault address.
     pub fault_addr: String,
     pub reason: &'static str,
+    /// How many such signals came (same target, sender, si_code and
+    /// reason), and when the last did.
+    pub count: u64,
+    pub last_ts_ns: u64,
 }
+
+/// Distinct failures kept; repeats of one only count.
+pub const MAX_FAILURES: usize = 1000;
+/// Distinct kinds of other SIGBUS kept.
+pub const MAX_OTHER: usize = 256;
+
+/// What makes two failures "the same failure again".
+type FailureKey = (
+    u32,
+    &'static str,
+    Option<&'static str>,
+    Option<i32>,
+    Option<Dev>,
+);
+type OtherKey = (u32, u32, i32, &'static str);
 
 #[derive(Default)]
 pub struct Failures {
     list: Vec<Failure>,
-    pub other: Vec<OtherSignal>,
+    index: HashMap<FailureKey, usize>,
+    other: Vec<OtherSignal>,
+    other_index: HashMap<OtherKey, usize>,
     /// Each mount any failure touched, as it stood at its first failure.
     pub touched: BTreeMap<Dev, MountAtFailure>,
+    /// Distinct failures and other signals not kept (over the caps); their
+    /// repeats are not counted either.
+    pub dropped: u64,
+    pub other_dropped: u64,
 }
 
 impl Failures {
@@ -143,11 +175,49 @@ impl Failures {
         !self.touched.contains_key(&dev)
     }
 
+    /// Whether a failure like this one (same process, kind, syscall, errno
+    /// and mount) is already listed: then it only counts, and the caller
+    /// can skip gathering its evidence.
+    pub fn repeated(&mut self, f: &Failure) -> bool {
+        match self.index.get(&key(f)) {
+            Some(&i) => {
+                let first = &mut self.list[i];
+                first.repeats += 1;
+                first.last_ts_ns = Some(first.last_ts_ns.unwrap_or(0).max(f.ts_ns));
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn recorded(&mut self, f: Failure) {
+        if self.repeated(&f) {
+            return;
+        }
         if let (Some(m), Some(dev)) = (&f.mount, f.kdev) {
             self.touched.entry(dev).or_insert_with(|| m.clone());
         }
+        if self.list.len() >= MAX_FAILURES {
+            self.dropped += 1;
+            return;
+        }
+        self.index.insert(key(&f), self.list.len());
         self.list.push(f);
+    }
+
+    /// Pids any kept failure names (failing, parent, ancestors): the
+    /// process tree keeps them after they exit.
+    pub fn pids(&self) -> std::collections::BTreeSet<u32> {
+        self.list
+            .iter()
+            .flat_map(|f| {
+                [f.pid, f.ppid]
+                    .into_iter()
+                    .chain(f.ancestry.iter().map(|a| a.pid))
+                    .chain(f.holders.iter().map(|h| h.pid))
+            })
+            .chain(self.other.iter().map(|o| o.pid))
+            .collect()
     }
 
     /// A handler that returns (Rust's runtime installs one) makes the same
@@ -169,8 +239,23 @@ impl Failures {
         }
     }
 
+    /// A SIGBUS that was no shm failure; repeats only count.
     pub fn not_shm(&mut self, s: OtherSignal) {
-        self.other.push(s);
+        let k = (s.pid, s.sender_pid, s.si_code, s.reason);
+        if let Some(&i) = self.other_index.get(&k) {
+            let o = &mut self.other[i];
+            o.count += 1;
+            o.last_ts_ns = o.last_ts_ns.max(s.ts_ns);
+        } else if self.other.len() >= MAX_OTHER {
+            self.other_dropped += 1;
+        } else {
+            self.other_index.insert(k, self.other.len());
+            self.other.push(s);
+        }
+    }
+
+    pub fn other(&self) -> &[OtherSignal] {
+        &self.other
     }
 
     pub fn len(&self) -> usize {
@@ -196,6 +281,10 @@ impl Failures {
         }
         v
     }
+}
+
+fn key(f: &Failure) -> FailureKey {
+    (f.pid, f.kind, f.syscall, f.errno, f.kdev)
 }
 
 #[cfg(test)]
@@ -236,6 +325,50 @@ mod tests {
             Some(99),
             "the first recorded stays"
         );
+    }
+
+    #[test]
+    fn repeats_count_on_the_first_and_lists_are_capped() {
+        let mut fs = Failures::default();
+        for i in 0..5u64 {
+            let mut f = Failure::new("enospc", 10 + i, 7, 7);
+            f.syscall = Some("fallocate");
+            f.errno = Some(28);
+            f.kdev = Some(Dev(40));
+            fs.recorded(f);
+        }
+        assert_eq!(fs.len(), 1);
+        assert_eq!((fs.all()[0].repeats, fs.all()[0].last_ts_ns), (4, Some(14)));
+        for pid in 0..(MAX_FAILURES as u32 + 10) {
+            fs.recorded(Failure::new("sigbus", 100, 1000 + pid, 1000 + pid));
+        }
+        assert_eq!((fs.len(), fs.dropped), (MAX_FAILURES, 11));
+        let sig = |ts, sender, reason| OtherSignal {
+            ts_ns: ts,
+            pid: 9,
+            tid: 9,
+            sender_pid: sender,
+            si_code: 0,
+            si_code_name: "SI_USER",
+            fault_addr: "0x0".into(),
+            reason,
+            count: 1,
+            last_ts_ns: ts,
+        };
+        for ts in 0..100_000 {
+            fs.not_shm(sig(ts, 9, "raised"));
+        }
+        fs.not_shm(sig(5, 1, "sent"));
+        assert_eq!(fs.other().len(), 2);
+        assert_eq!(
+            (fs.other()[0].count, fs.other()[0].last_ts_ns),
+            (100_000, 99_999)
+        );
+        for sender in 0..(MAX_OTHER as u32 * 2) {
+            fs.not_shm(sig(1, 100 + sender, "sent"));
+        }
+        assert_eq!(fs.other().len(), MAX_OTHER);
+        assert!(fs.other_dropped > 0);
     }
 
     #[test]

@@ -14,8 +14,11 @@ use serde::Serialize;
 
 use crate::{
     event::{Dev, FileKey},
-    host::{FdEntry, FileStat},
+    host::{FdEntry, FileStat, Lookup},
 };
+
+/// Files tracked at most. Beyond it, files nobody holds go first (counted).
+pub const MAX_FILES: usize = 16384;
 
 /// Where to stat a file from: a holder's fd, else a holder's mapping.
 pub enum Via {
@@ -100,6 +103,8 @@ pub struct Files {
     /// who created files of 1 MiB or more (what a DataLoader's batches look like).
     pub segments: Segments,
     rescan: BTreeSet<u32>,
+    /// Files let go over the cap, nobody holding them.
+    pub dropped: u64,
 }
 
 impl Files {
@@ -179,6 +184,68 @@ impl Files {
             self.opened(child, fd, key, false);
         }
         self.rescan.insert(child);
+    }
+
+    /// An exited process left the process tree: its totals go too.
+    pub fn forget_pid(&mut self, pid: u32) {
+        self.bytes.remove(&pid);
+        self.rescan.remove(&pid);
+    }
+
+    /// Files nobody holds that still have a name we can look up (relative
+    /// to their mount, unescaped): whether the name is still there says
+    /// whether the file still is.
+    pub fn unheld_named(&self) -> Vec<(FileKey, String)> {
+        self.files
+            .iter()
+            .filter(|(_, f)| !f.unlinked && f.fds.is_empty() && f.map_holders.is_empty())
+            .filter_map(|(k, f)| {
+                let n = f.name.as_deref()?;
+                // Escaped names and cut paths (".../") cannot be looked up.
+                (!n.contains('\\') && !n.starts_with("...")).then(|| (*k, n.to_string()))
+            })
+            .collect()
+    }
+
+    /// What a lookup by name found of a file nobody holds. Gone or another
+    /// file under the name: it was unlinked with no holder, so freed.
+    pub fn looked_up(&mut self, key: FileKey, found: Lookup) {
+        let Some(f) = self.files.get_mut(&key) else {
+            return;
+        };
+        match found {
+            Lookup::Found(st) if st.ino == key.1 => {
+                let grown = st.allocated.saturating_sub(f.allocated_bytes);
+                f.allocated_bytes = st.allocated;
+                f.size = st.size;
+                credit(f, grown, 0);
+            }
+            Lookup::Found(_) | Lookup::Missing => {
+                self.files.remove(&key);
+            }
+            Lookup::Unknown => {}
+        }
+    }
+
+    /// Keeps the table under [`MAX_FILES`]: files nobody holds go first.
+    pub fn trim(&mut self) {
+        if self.files.len() <= MAX_FILES {
+            return;
+        }
+        let over = self.files.len() - MAX_FILES;
+        let unheld: Vec<FileKey> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.holders().is_empty())
+            .map(|(k, _)| *k)
+            .take(over)
+            .collect();
+        for k in unheld {
+            self.files.remove(&k);
+            self.dropped += 1;
+        }
+        let files = &self.files;
+        self.fd_index.retain(|_, key| files.contains_key(key));
     }
 
     /// The tmpfs `kdev` is gone (its namespace was let go): drop its files.

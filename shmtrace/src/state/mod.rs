@@ -338,6 +338,19 @@ impl State {
             });
             self.files.measured(key, st);
         }
+        // Nobody holds them: the name tells whether they are still there
+        // (else they were unlinked, and tmpfs freed them).
+        for (key, rel) in self.files.unheld_named() {
+            let Some(m) = self.mounts.by_dev(key.0) else {
+                continue;
+            };
+            let ns = self.mounts.ns_of_dev(key.0).unwrap_or(host.self_ns());
+            let found = host.lookup(key.0, ns, &m.mountpoint, &rel);
+            self.files.looked_up(key, found);
+        }
+        self.files.trim();
+        let files = &self.files.files;
+        self.sizes.retain(|k, _| files.contains_key(k));
         self.files.update_bytes();
     }
 
@@ -346,6 +359,12 @@ impl State {
     pub fn tick(&mut self, host: &mut dyn Host) {
         if let Some(grace) = self.release_idle_namespaces {
             self.release_idle_namespaces(host, grace);
+        }
+        // Bounded memory: exited processes no failure names leave.
+        let pinned = self.failures.pids();
+        for pid in self.procs.reap(|pid| pinned.contains(&pid)) {
+            self.files.forget_pid(pid);
+            self.containers.forget(pid);
         }
         self.refresh_files(host);
         let mut devs = self.files.devs();

@@ -1,7 +1,7 @@
 //! The traced process tree, as fork/exec/exit events and event headers
 //! tell it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
 
@@ -77,14 +77,31 @@ pub struct Ancestor {
     pub comm: String,
 }
 
+/// Exited processes kept (the most recent), besides those a failure
+/// refers to: a node starting 100k processes an hour must not grow.
+pub const KEEP_EXITED: usize = 2048;
+
 #[derive(Default)]
 pub struct ProcessTree {
     procs: BTreeMap<u32, Proc>,
+    /// Exited pids, oldest first (a pid may have been reused since).
+    exit_order: VecDeque<u32>,
+    /// Exited processes forgotten so far.
+    pub forgotten: u64,
 }
 
 impl ProcessTree {
     /// What an event header says about its process: name, parent, namespace, cgroup.
     pub fn seen(&mut self, h: &Header) {
+        // A pid reused after an exit we kept: a new process.
+        if self
+            .procs
+            .get(&h.pid)
+            .and_then(|p| p.exit_ts_ns)
+            .is_some_and(|t| h.ts_ns > t)
+        {
+            self.procs.remove(&h.pid);
+        }
         let p = self
             .procs
             .entry(h.pid)
@@ -127,11 +144,43 @@ impl ProcessTree {
     }
 
     pub fn exited(&mut self, pid: u32, ts_ns: u64, status: ExitStatus) {
-        if let Some(p) = self.procs.get_mut(&pid) {
+        if let Some(p) = self.procs.get_mut(&pid)
+            && p.exit_ts_ns.is_none()
+        {
             p.exit_ts_ns = Some(ts_ns);
             p.exit_signal = status.signal;
             p.exit_code = status.code;
+            self.exit_order.push_back(pid);
         }
+    }
+
+    /// Forgets the oldest exited processes beyond [`KEEP_EXITED`], except
+    /// roots and those `pinned` (a failure refers to them). Returns the pids
+    /// forgotten, for the other components to let go of.
+    pub fn reap(&mut self, pinned: impl Fn(u32) -> bool) -> Vec<u32> {
+        let mut gone = Vec::new();
+        let mut kept = VecDeque::new();
+        while self.exit_order.len() > KEEP_EXITED {
+            let Some(pid) = self.exit_order.pop_front() else {
+                break;
+            };
+            match self.procs.get(&pid) {
+                // Reused by a live process since: not ours to forget.
+                Some(p) if p.alive() => {}
+                Some(p) if p.root || pinned(pid) => kept.push_back(pid),
+                Some(_) => {
+                    self.procs.remove(&pid);
+                    self.forgotten += 1;
+                    gone.push(pid);
+                }
+                None => {}
+            }
+        }
+        // Pinned ones stay in order, ahead of the rest.
+        while let Some(pid) = kept.pop_back() {
+            self.exit_order.push_front(pid);
+        }
+        gone
     }
 
     pub fn sigbus_delivered(&mut self, pid: u32, handler: Handler) {
@@ -276,6 +325,28 @@ mod tests {
         );
         assert_eq!(t.alive().count(), 2);
         assert_eq!(t.tree_of(10), vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn exited_processes_are_forgotten_beyond_the_cap_unless_pinned() {
+        let mut t = ProcessTree::default();
+        let n = KEEP_EXITED as u32 + 100;
+        for pid in 1..=n {
+            t.seen(&h(pid, 1, pid as u64));
+            t.exited(pid, pid as u64 + 1, ExitStatus::from_kernel(0));
+        }
+        t.seen(&h(n + 1, 1, 0));
+        // pid 5 failed: the report must still say who it was.
+        let gone = t.reap(|pid| pid == 5);
+        assert_eq!(gone.len(), 99);
+        assert_eq!(t.forgotten, 99);
+        assert!(t.contains(5) && !t.contains(4) && t.contains(101) && t.contains(n + 1));
+        assert_eq!(t.len(), KEEP_EXITED + 2);
+        // Reaping again changes nothing: pinned ones do not churn.
+        assert!(t.reap(|pid| pid == 5).is_empty());
+        // A reused pid is a new, live process.
+        t.seen(&h(5, 1, 10_000));
+        assert!(t.get(5).unwrap().alive());
     }
 
     #[test]

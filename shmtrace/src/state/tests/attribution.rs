@@ -203,3 +203,116 @@ fn memfd_devices_in_no_mount_table_are_remembered() {
     }
     assert!(st.mounts.is_unmounted(Dev(1)));
 }
+
+#[test]
+fn a_named_file_unlinked_while_nobody_held_it_leaves_the_books() {
+    let (mut st, mut host, mut s) = setup();
+    // 20 creates /dev/shm/psm_x, fills it, closes it: nobody holds it, but
+    // its name keeps it (and its pages) alive.
+    host.file(SHM, 300, MIB as i64, MIB, 1);
+    host.names.insert((SHM, "psm_x".into()), 300);
+    st.apply(
+        &Event::Opened {
+            h: s.h(20, 1),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: file(300, "psm_x", MIB as i64, MIB, 256),
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::Closed {
+            h: s.h(20, 1),
+            fd: 3,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let f = &st.files.files[&(SHM, 300)];
+    assert!(!f.unlinked && f.holders().is_empty());
+    assert_eq!(f.allocated_bytes, MIB);
+    // Someone runs `rm /dev/shm/psm_x`: no event, but the name is gone.
+    host.names.clear();
+    st.tick(&mut host);
+    assert!(
+        !st.files.files.contains_key(&(SHM, 300)),
+        "a freed file must not stay listed as linked"
+    );
+    assert_eq!(st.files.bytes_on(SHM), 0);
+}
+
+#[test]
+fn churn_of_processes_and_files_leaves_bounded_state() {
+    let (mut st, mut host, mut s) = setup();
+    // 20,000 short-lived processes, each creating and unlinking a file, and
+    // one that failed early and must stay in the report.
+    let mut f = file(1, "x", 0, 0, 0);
+    f.unlinked = true;
+    st.apply(
+        &Event::SyscallFailed {
+            h: s.h(7, 1),
+            errno: libc::ENOSPC,
+            call: FailedCall::OnFile {
+                syscall: Syscall::Fallocate,
+                fd: 3,
+                offset: Some(0),
+                bytes: Some(MIB),
+                file: f,
+            },
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::Exit {
+            h: s.h(7, 1),
+            status: ExitStatus::from_kernel(1 << 8),
+        },
+        &mut host,
+    );
+    for pid in 100..20_100u32 {
+        st.apply(
+            &Event::Fork {
+                h: s.h(1, 0),
+                child: pid,
+            },
+            &mut host,
+        );
+        let mut fr = file(pid as u64 + 1_000_000, &format!("tmp{pid}"), 4096, 4096, 1);
+        fr.unlinked = true;
+        st.apply(
+            &Event::Opened {
+                h: s.h(pid, 1),
+                syscall: Syscall::Openat,
+                fd: 3,
+                flags: libc::O_CREAT as u64,
+                file: fr,
+            },
+            &mut host,
+        );
+        st.apply(
+            &Event::Exit {
+                h: s.h(pid, 1),
+                status: ExitStatus::from_kernel(0),
+            },
+            &mut host,
+        );
+        if pid % 1000 == 0 {
+            st.tick(&mut host);
+        }
+    }
+    st.tick(&mut host);
+    assert!(
+        st.procs.len() <= procs::KEEP_EXITED + 2,
+        "{} processes kept",
+        st.procs.len()
+    );
+    assert!(st.procs.forgotten >= 20_000 - procs::KEEP_EXITED as u64);
+    assert!(st.procs.contains(7), "a failed process stays");
+    assert!(
+        st.files.files.is_empty(),
+        "unlinked files of exited processes are freed"
+    );
+    assert!(st.files.bytes.len() <= procs::KEEP_EXITED + 2);
+    assert_eq!(st.failures.len(), 1);
+}

@@ -174,7 +174,7 @@ fn a_sigbus_sent_by_a_process_or_past_the_end_or_unmapped_is_not_a_shm_failure()
 
     assert_eq!(st.failures.len(), 1, "still only the first one");
     assert_eq!(st.failures.all()[0].refaults, 1);
-    let reasons: Vec<&str> = st.failures.other.iter().map(|o| o.reason).collect();
+    let reasons: Vec<&str> = st.failures.other().iter().map(|o| o.reason).collect();
     assert_eq!(reasons.len(), 4);
     assert!(reasons[0].contains("itself"));
     assert!(reasons[1].contains("another process"));
