@@ -166,6 +166,22 @@ pub struct FileInfo {
     pub parent: [u8; NAME_LEN],
 }
 
+/// A process's limits and use, read by the kernel at a failure (the
+/// process may be gone before user space could ask /proc). Zero in other
+/// records; `valid` says it was filled. Limits of `u64::MAX` are unlimited.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ProcLimits {
+    pub rlim_as: u64,
+    pub rlim_fsize: u64,
+    pub rlim_nofile: u64,
+    /// mm->total_vm, in pages.
+    pub total_vm_pages: u64,
+    /// mm->map_count.
+    pub map_count: u32,
+    pub valid: u32,
+}
+
 /// The one record every program sends. Fixed size, 8-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -188,6 +204,8 @@ pub struct Event {
     pub args: [u64; 6],
     pub file: FileInfo,
     pub path: [u8; PATH_LEN],
+    /// Failure records only.
+    pub limits: ProcLimits,
 }
 
 impl Event {
@@ -209,7 +227,9 @@ const _: () = {
     assert!(offset_of!(FileInfo, fs_used_pages) == 48);
     assert!(offset_of!(FileInfo, name) == 56);
     assert!(offset_of!(FileInfo, parent) == 120);
-    assert!(size_of::<Event>() == 424);
+    assert!(size_of::<ProcLimits>() == 40);
+    assert!(size_of::<Event>() == 464);
+    assert!(offset_of!(Event, limits) == 424);
     assert!(offset_of!(Event, kind) == 0);
     assert!(offset_of!(Event, syscall) == 4);
     assert!(offset_of!(Event, ts_ns) == 8);
@@ -225,7 +245,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 41 * 4);
+    assert!(size_of::<KernelOffsets>() == 46 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -283,6 +303,13 @@ pub struct KernelOffsets {
     pub tp_victim_pid: u32,
     /// oom:mark_victim shmem_rss (kB), on kernels that have it.
     pub tp_victim_shmem_rss: u32,
+    /// task_struct.signal, signal_struct.rlim (an array of struct rlimit),
+    /// task_struct.mm, mm_struct.total_vm and map_count: limits at a failure.
+    pub task_signal: u32,
+    pub signal_rlim: u32,
+    pub task_mm: u32,
+    pub mm_total_vm: u32,
+    pub mm_map_count: u32,
 }
 
 impl KernelOffsets {

@@ -48,6 +48,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     tp_deliver_handler: M,
     tp_victim_pid: M,
     tp_victim_shmem_rss: M,
+    task_signal: M,
+    signal_rlim: M,
+    task_mm: M,
+    mm_total_vm: M,
+    mm_map_count: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.
@@ -201,6 +206,29 @@ pub fn fill_fs_info(info: &mut FileInfo, sb: u64) {
     let sbinfo = read_ptr(sb, off!(sb_fs_info));
     info.fs_max_pages = read::<u64>(sbinfo, off!(sbinfo_max_blocks)).unwrap_or(0);
     info.fs_used_pages = read::<i64>(sbinfo, off!(sbinfo_used_blocks)).unwrap_or(0);
+}
+
+/// The current process's limits and use (failure records only: a few
+/// reads, on a path that is already rare).
+#[inline(always)]
+pub fn fill_limits(l: &mut shmtrace_common::ProcLimits) {
+    const RLIMIT_FSIZE: u32 = 1;
+    const RLIMIT_NOFILE: u32 = 7;
+    const RLIMIT_AS: u32 = 9;
+    // struct rlimit { rlim_cur, rlim_max }: 16 bytes.
+    let task = current_task();
+    let rlim = read_ptr(task, off!(task_signal));
+    let base = off!(signal_rlim);
+    if rlim != 0 && base != M {
+        let cur = |r: u32| read::<u64>(rlim, base + r * 16).unwrap_or(u64::MAX);
+        l.rlim_as = cur(RLIMIT_AS);
+        l.rlim_fsize = cur(RLIMIT_FSIZE);
+        l.rlim_nofile = cur(RLIMIT_NOFILE);
+        l.valid = 1;
+    }
+    let mm = read_ptr(task, off!(task_mm));
+    l.total_vm_pages = read::<u64>(mm, off!(mm_total_vm)).unwrap_or(0);
+    l.map_count = read::<i32>(mm, off!(mm_map_count)).unwrap_or(0) as u32;
 }
 
 /// The kernel dev of superblock `sb` (0 when unknown).

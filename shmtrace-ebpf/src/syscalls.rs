@@ -210,6 +210,10 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     for i in 0..6 {
         ev.args[i] = arg(regs, i);
     }
+    // Which limit it ran into, read now: the process may not live long.
+    if errno == ENOMEM || errno == EFBIG || errno == EMFILE {
+        kernel::fill_limits(&mut ev.limits);
+    }
     if inode != 0 {
         kernel::fill_file_info(&mut ev.file, file, inode);
         if nr == nr!(write) || nr == nr!(writev) {

@@ -55,6 +55,13 @@ pub enum Syscall {
 }
 
 impl Syscall {
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            Self::Open | Self::Openat | Self::Openat2 | Self::Creat
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Write => "write",
@@ -180,6 +187,8 @@ pub enum FailedCall {
         offset: Option<u64>,
         /// How many bytes it asked for (length, count, new size).
         bytes: Option<u64>,
+        /// mmap's protection bits.
+        prot: Option<u64>,
         file: FileRef,
     },
 }
@@ -191,6 +200,18 @@ impl FailedCall {
             Self::Mremap { .. } => Syscall::Mremap,
         }
     }
+}
+
+/// A failing process's limits, read by the kernel at the failure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLimits {
+    /// Soft RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE (None: unlimited).
+    pub address_space: Option<u64>,
+    pub file_size: Option<u64>,
+    pub open_files: Option<u64>,
+    /// Its address space and mappings then.
+    pub vm_bytes: u64,
+    pub map_count: u64,
 }
 
 /// One event, decoded.
@@ -236,6 +257,8 @@ pub enum Event {
         h: Header,
         errno: i32,
         call: FailedCall,
+        /// Its limits at that moment (ENOMEM, EFBIG, EMFILE only).
+        limits: Option<KernelLimits>,
     },
     /// A traced process mapped a tmpfs file.
     Mapped {

@@ -71,7 +71,9 @@ pub fn workload(name: &str) -> PathBuf {
     };
     if !fresh {
         // Build to a unique name and rename: tests compile in parallel.
-        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
+        static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = out_dir.join(format!("{name}.{}.{n}.tmp", std::process::id()));
         let st = Command::new("gcc")
             .args(["-O1", "-Wall", "-Werror", "-o"])
             .arg(&tmp)

@@ -4,7 +4,6 @@
 
 use std::{
     io::Write,
-    os::fd::AsRawFd,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -196,19 +195,23 @@ fn sys_exit_reports_tmpfs_creation_and_enospc() {
     assert!(st.success(), "mount tmpfs");
     let result = std::panic::catch_unwind(|| {
         with_program("sys_exit", |t| {
-            let me = std::process::id();
-            t.trace(me, traced::REPORT).unwrap();
-            let f = std::fs::File::create(mnt.join("seg\nment")).unwrap();
-            let fd = f.as_raw_fd();
-            // SAFETY: fallocate on an fd we own.
-            let r = unsafe { libc::fallocate(fd, 0, 0, 1 << 20) };
-            let errno = std::io::Error::last_os_error().raw_os_error();
-            t.untrace(me);
-            assert_eq!((r, errno), (-1, Some(libc::ENOSPC)));
-            let is_open = |e: &Event| {
-                matches!(e, Event::Opened { fd: f, .. } if *f == fd) && e.header().pid == me
-            };
-            let is_failure = |e: &Event| matches!(e, Event::SyscallFailed { .. });
+            // Another process: shmtrace never traces its own.
+            let file = mnt.join("seg\nment");
+            let mut child = waiting_shell(&format!(
+                "exec fallocate -l 1M \"$(printf '{}/seg\\nment')\"",
+                mnt.display()
+            ));
+            let pid = child.id();
+            t.trace(pid, traced::REPORT).unwrap();
+            go(&mut child);
+            assert!(
+                !child.wait().unwrap().success(),
+                "fallocate fails: 64 KiB tmpfs"
+            );
+            assert!(file.exists());
+            let is_open = |e: &Event| matches!(e, Event::Opened { .. }) && e.header().pid == pid;
+            let is_failure =
+                |e: &Event| matches!(e, Event::SyscallFailed { .. }) && e.header().pid == pid;
             let evs = collect(t, "open and fallocate failure", |evs| {
                 evs.iter().any(is_open) && evs.iter().any(is_failure)
             });
@@ -234,7 +237,6 @@ fn sys_exit_reports_tmpfs_creation_and_enospc() {
                 (Syscall::Fallocate, Some(1 << 20), Some(0))
             );
             assert_eq!(file.mount.max_pages, 16, "64 KiB of 4 KiB pages");
-            drop(f);
         })
     });
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();

@@ -35,6 +35,9 @@ pub struct Diagnosis {
     /// When a bigger /dev/shm may not be the fix: one process that did not
     /// fail held most of the bytes (a consumer keeping every batch alive).
     pub caveat: Option<String>,
+    /// The fix when /dev/shm did not run out (a limit, a mount option, the
+    /// sharing strategy): then no /dev/shm size is recommended.
+    pub fix: Option<String>,
 }
 
 /// PyTorch leaves its fingerprints on file names and process names.
@@ -112,7 +115,12 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
     let mp = mount
         .and_then(|m| m.mountpoint.clone())
         .unwrap_or_else(|| "/dev/shm".into());
+    let ran_out = first.reason.tmpfs_ran_out();
     let mut summary = match first.kind {
+        _ if !ran_out && first.kind != "oom_kill" => format!(
+            "{role} was the first to fail: {}. /dev/shm did not run out{failed_at}: a bigger one would not help.",
+            first.cause
+        ),
         "sigbus" => format!(
             "{role} was the first to fail: it touched a page of {} that {mp} could not allocate{failed_at}, and the kernel killed it with SIGBUS.",
             first.path.as_deref().unwrap_or("a shared-memory file")
@@ -155,8 +163,9 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
         basis,
         docker: recommended.map(|b| format!("docker run --shm-size={}m ...", b / MIB)),
         kubernetes: recommended.map(|b| kubernetes_snippet(b / MIB)),
-        dataloader: fits,
+        dataloader: fits.filter(|_| ran_out),
         caveat,
+        fix: first.fix.clone(),
     })
 }
 
@@ -281,12 +290,28 @@ fn recommend(r: &Facts, pytorch: bool) -> (Option<u64>, Option<String>) {
             Some("an OOM kill is a memory cgroup limit, not a /dev/shm size".into()),
         );
     }
+    if !first.reason.tmpfs_ran_out() {
+        return (
+            None,
+            Some(format!(
+                "not a /dev/shm size: the failure was {}",
+                serde_json::to_value(first.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )),
+        );
+    }
     let m = first.mount.as_ref();
     let used = m.and_then(|m| m.used_bytes).unwrap_or(0);
     let size = m.and_then(|m| m.size_bytes).unwrap_or(0);
     let mut unmet = 0u64;
     let mut seen = std::collections::BTreeSet::new();
-    for f in r.failures.iter().filter(|f| seen.insert(f.pid)) {
+    for f in r
+        .failures
+        .iter()
+        .filter(|f| f.reason.tmpfs_ran_out() && seen.insert(f.pid))
+    {
         unmet += match (f.kind, f.file_size, f.offset, f.bytes) {
             ("sigbus", Some(sz), Some(off), _) => (sz.max(0) as u64).saturating_sub(off),
             (_, _, _, Some(b)) => b,

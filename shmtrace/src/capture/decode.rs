@@ -5,6 +5,7 @@ use shmtrace_common::{self as wire, EventKind, SyscallNrs};
 
 use crate::{
     escape,
+    event::KernelLimits,
     event::{
         Addr, Dev, Event, ExitStatus, FailedCall, FileRef, Handler, Header, MountPages, Syscall,
     },
@@ -122,6 +123,7 @@ impl Decoder {
                 h,
                 errno: (-ev.ret) as i32,
                 call: self.failed_call(sys()?, ev)?,
+                limits: limits(&ev.limits),
             },
             EventKind::Map => Event::Mapped {
                 h,
@@ -212,6 +214,7 @@ impl Decoder {
                     fd: fd as i32,
                     offset,
                     bytes,
+                    prot: (syscall == Syscall::Mmap).then_some(a[2]),
                     file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
                 }
             }
@@ -240,6 +243,17 @@ fn mount_pages(f: &wire::FileInfo) -> Option<MountPages> {
 }
 
 /// The file part of a record, when the programs filled it (a tmpfs fd).
+fn limits(l: &wire::ProcLimits) -> Option<KernelLimits> {
+    let finite = |v: u64| (v != u64::MAX).then_some(v);
+    (l.valid != 0).then(|| KernelLimits {
+        address_space: finite(l.rlim_as),
+        file_size: finite(l.rlim_fsize),
+        open_files: finite(l.rlim_nofile),
+        vm_bytes: l.total_vm_pages * 4096,
+        map_count: l.map_count as u64,
+    })
+}
+
 fn file_ref(f: &wire::FileInfo) -> Option<FileRef> {
     if f.valid == 0 {
         return None;
@@ -362,6 +376,7 @@ mod tests {
             offset,
             bytes,
             file,
+            ..
         } = call
         else {
             panic!()

@@ -73,6 +73,11 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         tp_deliver_handler: MISSING,
         tp_victim_pid: MISSING,
         tp_victim_shmem_rss: MISSING,
+        task_signal: get("task_struct", "signal", false),
+        signal_rlim: get("signal_struct", "rlim", false),
+        task_mm: get("task_struct", "mm", false),
+        mm_total_vm: get("mm_struct", "total_vm", false),
+        mm_map_count: get("mm_struct", "map_count", false),
     };
     if !missing_required.is_empty() {
         bail!(

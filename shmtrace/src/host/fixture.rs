@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{FdEntry, FileStat, Host, Lookup, MapsEntry};
+use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry};
 use crate::{
     event::{Addr, Dev},
     state::mounts::{Mount, Usage},
@@ -25,6 +25,7 @@ pub struct Fixture {
     pub files: HashMap<(Dev, u64), FileStat>,
     /// Names on tmpfs mounts: (dev, name relative to the mount) -> inode.
     pub names: HashMap<(Dev, String), u64>,
+    pub limits: HashMap<u32, Limits>,
     pub dirs: HashMap<u32, String>,
     pub cgroups: HashMap<u32, String>,
     pub cgroup_ids: HashMap<u64, String>,
@@ -44,11 +45,13 @@ impl Fixture {
                     dev: Dev::new(8, 1),
                     mountpoint: "/".into(),
                     fstype: "ext4".into(),
+                    noexec: false,
                 },
                 Mount {
                     dev,
                     mountpoint: "/dev/shm".into(),
                     fstype: "tmpfs".into(),
+                    noexec: false,
                 },
             ],
         );
@@ -126,6 +129,10 @@ impl Host for Fixture {
                 .map_or(Lookup::Unknown, |st| Lookup::Found(*st)),
             None => Lookup::Missing,
         }
+    }
+
+    fn limits(&self, pid: u32) -> Limits {
+        self.limits.get(&pid).copied().unwrap_or_default()
     }
 
     fn maps(&self, pid: u32) -> Vec<MapsEntry> {

@@ -27,6 +27,26 @@ pub struct FileStat {
     pub regular: bool,
 }
 
+/// A process's limits and use, read at a failure to tell its cause.
+/// None: unlimited or unknown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Soft RLIMIT_AS, RLIMIT_FSIZE and RLIMIT_NOFILE.
+    pub address_space: Option<u64>,
+    pub file_size: Option<u64>,
+    pub open_files: Option<u64>,
+    /// VmSize, mappings, and open fds now.
+    pub vm_bytes: Option<u64>,
+    pub map_count: Option<u64>,
+    pub fds_open: Option<u64>,
+    /// vm.max_map_count.
+    pub max_map_count: Option<u64>,
+    /// Its memory cgroup's limit and use (v2 memory.max/current, v1
+    /// memory.limit_in_bytes/usage_in_bytes).
+    pub memcg_limit: Option<u64>,
+    pub memcg_usage: Option<u64>,
+}
+
 /// A file looked up by name on a tmpfs mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
@@ -83,6 +103,8 @@ pub trait Host {
     /// `mountpoint` in namespace `ns`.
     fn lookup(&self, dev: Dev, ns: u32, mountpoint: &str, rel: &str) -> Lookup;
     fn maps(&self, pid: u32) -> Vec<MapsEntry>;
+    /// Limits of `pid` now (at a failure).
+    fn limits(&self, pid: u32) -> Limits;
     /// Open fds of `pid` on regular files (None: the process is gone).
     fn fds(&self, pid: u32) -> Option<Vec<FdEntry>>;
     fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat>;

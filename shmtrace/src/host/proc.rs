@@ -2,7 +2,7 @@
 
 use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, time::Instant};
 
-use super::{FdEntry, FileStat, Host, Lookup, MapsEntry, anchors::Anchors};
+use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry, anchors::Anchors};
 use crate::{
     escape,
     event::{Addr, Dev},
@@ -112,6 +112,32 @@ impl Host for ProcHost {
         }
     }
 
+    fn limits(&self, pid: u32) -> Limits {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let vm_kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        let map_count = std::fs::read(format!("/proc/{pid}/maps"))
+            .ok()
+            .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64);
+        let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()
+            .map(|d| d.count() as u64);
+        let (memcg_limit, memcg_usage) = memcg_of(pid);
+        Limits {
+            address_space: rlimit(pid, libc::RLIMIT_AS),
+            file_size: rlimit(pid, libc::RLIMIT_FSIZE),
+            open_files: rlimit(pid, libc::RLIMIT_NOFILE),
+            vm_bytes: vm_kb.map(|k| k * 1024),
+            map_count,
+            fds_open,
+            max_map_count: read_u64("/proc/sys/vm/max_map_count"),
+            memcg_limit,
+            memcg_usage,
+        }
+    }
+
     fn maps(&self, pid: u32) -> Vec<MapsEntry> {
         std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .map(|t| parse_maps(&t))
@@ -213,6 +239,54 @@ fn last_component(p: &Path) -> String {
     let s = p.to_string_lossy();
     let s = s.trim_end_matches(" (deleted)");
     escape::str(s.rsplit('/').next().unwrap_or(s))
+}
+
+/// The soft limit `res` of `pid` (None: unlimited or unknown).
+fn rlimit(pid: u32, res: libc::__rlimit_resource_t) -> Option<u64> {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit with a null new limit only reads into `old`, a
+    // valid, exclusively borrowed rlimit.
+    let r = unsafe { libc::prlimit(pid as libc::pid_t, res, std::ptr::null(), &mut old) };
+    (r == 0 && old.rlim_cur != libc::RLIM_INFINITY).then_some(old.rlim_cur)
+}
+
+fn read_u64(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `pid`'s memory cgroup limit and use: v2 first, else v1's memory
+/// controller. "max" and v1's huge "unlimited" are None.
+fn memcg_of(pid: u32) -> (Option<u64>, Option<u64>) {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return (None, None);
+    };
+    let unlimited = |v: Option<u64>| v.filter(|&v| v < 1 << 60);
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        // Kernel-written paths under cgroupfs: nobody else can plant them.
+        if ctrl.is_empty()
+            && let Some(root) = v2_root()
+        {
+            let dir = format!("{root}{path}");
+            let max = unlimited(read_u64(&format!("{dir}/memory.max")));
+            if max.is_some() {
+                return (max, read_u64(&format!("{dir}/memory.current")));
+            }
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            let dir = format!("/sys/fs/cgroup/memory{path}");
+            let max = unlimited(read_u64(&format!("{dir}/memory.limit_in_bytes")));
+            if max.is_some() {
+                return (max, read_u64(&format!("{dir}/memory.usage_in_bytes")));
+            }
+        }
+    }
+    (None, None)
 }
 
 /// statfs of a path, in bytes.

@@ -30,11 +30,23 @@ pub fn render(r: &Report) -> String {
         return s;
     };
 
-    let _ = writeln!(
-        s,
-        "shmtrace: shared memory ran out; the first process to fail was {}",
-        who(first.pid, &first.comm)
-    );
+    if first.reason.tmpfs_ran_out() {
+        let _ = writeln!(
+            s,
+            "shmtrace: shared memory ran out; the first process to fail was {}",
+            who(first.pid, &first.comm)
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "shmtrace: a shared-memory call failed, but not for want of /dev/shm space ({}); the first process to fail was {}",
+            serde_json::to_value(first.reason)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            who(first.pid, &first.comm)
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -47,6 +59,15 @@ pub fn render(r: &Report) -> String {
     }
     let _ = writeln!(s, "  what           {}", what(first));
     let _ = writeln!(s, "  why            {}", first.cause);
+    if let Some(l) = &first.limit {
+        let _ = writeln!(
+            s,
+            "  limit          {} = {}{}",
+            l.name,
+            l.value.map_or("?".into(), |v| v.to_string()),
+            l.used.map_or(String::new(), |u| format!(" (in use: {u})"))
+        );
+    }
     if let Some(m) = &first.mount {
         let mp = m
             .mountpoint
@@ -190,6 +211,9 @@ pub fn render(r: &Report) -> String {
                     let _ = writeln!(s, "                   {line}");
                 }
             }
+        }
+        if let (None, Some(fix)) = (d.recommended_shm_bytes, &d.fix) {
+            let _ = writeln!(s, "  fix            {fix}");
         }
         if let Some(dl) = &d.dataloader {
             let _ = writeln!(s, "    or           {dl}");

@@ -5,6 +5,7 @@
 
 use super::{
     PAGE, State,
+    causes::{self, Call, Reason},
     failures::{Failure, Holder, MountAtFailure, OtherSignal},
     mappings::Mapping,
 };
@@ -16,6 +17,8 @@ use crate::{
 };
 
 const BUS_ADRERR: i32 = 2;
+const BUS_MCEERR_AR: i32 = 4;
+const BUS_MCEERR_AO: i32 = 5;
 const ENOSPC: i32 = libc::ENOSPC;
 const EDQUOT: i32 = libc::EDQUOT;
 const EFBIG: i32 = libc::EFBIG;
@@ -95,6 +98,11 @@ impl State {
             return;
         }
         let at = self.mount_state(host, m.dev, h.mnt_ns, target, *mount);
+        let reason = match code {
+            BUS_ADRERR => Reason::TmpfsFull,
+            BUS_MCEERR_AR | BUS_MCEERR_AO => Reason::HardwareError,
+            _ => Reason::Other,
+        };
         let cause = if code == BUS_ADRERR {
             match at.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
                 Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
@@ -119,12 +127,19 @@ impl State {
         f.bytes = Some(PAGE);
         f.file_size = (size >= 0).then_some(size);
         f.cause = cause;
+        f.reason = reason;
         f.mount = at;
         self.record(host, f);
     }
 
     pub(super) fn on_syscall_failure(&mut self, ev: &Event, host: &mut dyn Host) {
-        let Event::SyscallFailed { h, errno, call } = ev else {
+        let Event::SyscallFailed {
+            h,
+            errno,
+            call,
+            limits: at_failure,
+        } = ev
+        else {
             return;
         };
         let errno = *errno;
@@ -134,8 +149,42 @@ impl State {
             EDQUOT => "edquot",
             EFBIG => "efbig",
             ENOMEM => "enomem",
+            libc::EMFILE => "emfile",
+            libc::ENFILE => "enfile",
             _ => "error",
         };
+        // Limits are read only for the errnos whose cause they tell.
+        // What the kernel read at the failure wins; /proc adds the rest
+        // (while the process lives).
+        let limits = match errno {
+            ENOMEM | EFBIG | libc::EMFILE => {
+                let mut l = host.limits(h.pid);
+                if let Some(k) = at_failure {
+                    l.address_space = k.address_space;
+                    l.file_size = k.file_size;
+                    l.open_files = k.open_files;
+                    l.vm_bytes = Some(k.vm_bytes).filter(|&v| v > 0).or(l.vm_bytes);
+                    l.map_count = Some(k.map_count).filter(|&v| v > 0).or(l.map_count);
+                }
+                l
+            }
+            _ => Default::default(),
+        };
+        let explain =
+            |syscall, prot, bytes, offset, memfd, noexec, mount: Option<&MountAtFailure>| {
+                causes::explain(&Call {
+                    syscall,
+                    errno,
+                    prot,
+                    bytes,
+                    offset,
+                    memfd,
+                    noexec,
+                    free_bytes: mount.and_then(|m| m.free_bytes),
+                    inodes_free: mount.and_then(|m| Some(m.inodes?.saturating_sub(m.inodes_used?))),
+                    limits: &limits,
+                })
+            };
         let mut f = self.base_failure(errno_kind, h, h.pid, h.tid);
         f.syscall = Some(sc);
         f.errno = Some(errno);
@@ -148,24 +197,27 @@ impl State {
                 f.path = Some(path);
                 f.kdev = Some(mount);
                 f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
-                f.cause = match f
-                    .mount
-                    .as_ref()
-                    .and_then(|m| Some((m.inodes?, m.inodes_used?)))
-                {
-                    Some((total, used)) if total > 0 && used + 1 >= total => {
-                        format!(
-                            "creating a file failed: the tmpfs inode limit ({total}) is reached"
-                        )
-                    }
-                    _ => format!(
-                        "creating a file on tmpfs failed: {}",
-                        signals::errno_text(errno)
+                let x = explain(
+                    call.syscall(),
+                    None,
+                    None,
+                    None,
+                    false,
+                    false,
+                    f.mount.as_ref(),
+                );
+                f.cause = match (x.reason, f.mount.as_ref().and_then(|m| m.inodes)) {
+                    (Reason::TmpfsInodes, Some(total)) => format!(
+                        "creating a file failed: the tmpfs inode limit ({total}) is reached"
                     ),
+                    _ => x.cause,
                 };
+                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
             }
             FailedCall::Mremap {
-                old_addr, new_len, ..
+                old_addr,
+                old_len,
+                new_len,
             } => {
                 let Some(m) = self.maps.find(h.pid, *old_addr).cloned() else {
                     return;
@@ -177,15 +229,24 @@ impl State {
                 f.offset = Some(m.offset_of(*old_addr));
                 f.bytes = Some(*new_len);
                 f.mount = self.mount_state(host, m.dev, h.mnt_ns, h.pid, None);
-                f.cause = format!(
-                    "mremap of a tmpfs mapping failed: {}",
-                    signals::errno_text(errno)
+                let grow = new_len.saturating_sub(*old_len);
+                let x = explain(
+                    Syscall::Mremap,
+                    None,
+                    Some(grow),
+                    None,
+                    false,
+                    false,
+                    f.mount.as_ref(),
                 );
+                f.cause = x.cause;
+                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
             }
             FailedCall::OnFile {
                 syscall,
                 offset,
                 bytes,
+                prot,
                 file,
                 ..
             } => {
@@ -201,24 +262,38 @@ impl State {
                 f.file_size = Some(file.size);
                 f.unlinked = Some(file.unlinked);
                 f.mount = self.mount_state(host, file.dev, h.mnt_ns, h.pid, Some(file.mount));
-                f.cause = match (syscall, errno_kind) {
-                    (Syscall::Mmap, _) => format!(
-                        "mmap of a tmpfs file failed: {}",
-                        signals::errno_text(errno)
-                    ),
-                    (_, "enospc") => match (*bytes, f.mount.as_ref().and_then(|m| m.free_bytes)) {
-                        (Some(b), Some(free)) if human_bytes(b) == human_bytes(free) => format!(
+                let mount = self.mounts.by_dev(file.dev);
+                let (memfd, noexec) = (mount.is_none(), mount.is_some_and(|m| m.noexec));
+                let x = explain(
+                    *syscall,
+                    *prot,
+                    *bytes,
+                    *offset,
+                    memfd,
+                    noexec,
+                    f.mount.as_ref(),
+                );
+                f.cause = match (
+                    x.reason,
+                    *bytes,
+                    f.mount.as_ref().and_then(|m| m.free_bytes),
+                ) {
+                    // How much it asked for against what was left.
+                    (Reason::TmpfsFull, Some(b), Some(free))
+                        if human_bytes(b) == human_bytes(free) =>
+                    {
+                        format!(
                             "{sc} asked for {b} bytes but the tmpfs had {free} bytes free (No space left on device)"
-                        ),
-                        (Some(b), Some(free)) => format!(
-                            "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
-                            human_bytes(b),
-                            human_bytes(free)
-                        ),
-                        _ => format!("{sc} found the tmpfs full (No space left on device)"),
-                    },
-                    _ => format!("{sc} on tmpfs failed: {}", signals::errno_text(errno)),
+                        )
+                    }
+                    (Reason::TmpfsFull, Some(b), Some(free)) => format!(
+                        "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
+                        human_bytes(b),
+                        human_bytes(free)
+                    ),
+                    _ => x.cause,
                 };
+                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
             }
         }
         self.record(host, f);
@@ -243,6 +318,8 @@ impl State {
         f.cause = format!(
             "the OOM killer chose this process{held} (shared memory pages count against its memory cgroup)"
         );
+        f.reason = Reason::OomKill;
+        f.fix = Some("raise the memory limit of its cgroup by what it keeps in /dev/shm: tmpfs pages count against it".into());
         self.record(host, f);
     }
 

@@ -7,7 +7,11 @@ use serde::Serialize;
 
 use crate::{
     event::{Addr, Dev},
-    state::{containers::Container, procs::Ancestor},
+    state::{
+        causes::{Limit, Reason},
+        containers::Container,
+        procs::Ancestor,
+    },
 };
 
 /// A tmpfs mount as it stood when a failure happened.
@@ -64,6 +68,13 @@ pub struct Failure {
     pub unlinked: Option<bool>,
     /// What the evidence says happened, in words.
     pub cause: String,
+    /// The cause by name: only tmpfs_full and tmpfs_inodes mean /dev/shm
+    /// ran out; the others have fixes of their own.
+    pub reason: Reason,
+    /// The limit it ran into, with its value, when one did.
+    pub limit: Option<Limit>,
+    /// What to change, for causes a bigger /dev/shm does not fix.
+    pub fix: Option<String>,
     pub mount: Option<MountAtFailure>,
     pub ancestry: Vec<Ancestor>,
     pub mnt_ns: u32,
@@ -109,6 +120,9 @@ impl Failure {
             file_size: None,
             unlinked: None,
             cause: String::new(),
+            reason: Reason::Other,
+            limit: None,
+            fix: None,
             mount: None,
             ancestry: Vec::new(),
             mnt_ns: 0,

@@ -3,6 +3,7 @@
 //! read of the machine goes through the [`Host`] it is given, so a unit
 //! test drives it with a fixture host and a synthetic event stream.
 
+pub mod causes;
 pub mod classify;
 pub mod containers;
 pub mod evidence;

@@ -13,6 +13,8 @@ pub struct Mount {
     pub dev: Dev,
     pub mountpoint: String,
     pub fstype: String,
+    /// Mounted noexec: mapping its files with PROT_EXEC fails (EPERM).
+    pub noexec: bool,
 }
 
 impl Mount {
@@ -42,6 +44,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
             dev: Dev::new(maj, min),
             mountpoint: unescape_octal(fields[4]),
             fstype: fields[sep + 1].to_string(),
+            noexec: fields[5].split(',').any(|o| o == "noexec"),
         });
     }
     out
@@ -299,6 +302,7 @@ mod tests {
             dev: Dev::new(0, 40),
             mountpoint: "/dev/shm".into(),
             fstype: "tmpfs".into(),
+            noexec: false,
         };
         let u = |used| Usage {
             size_bytes: 100,

@@ -105,6 +105,7 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
             dev: pod_shm,
             mountpoint: "/dev/shm".into(),
             fstype: "tmpfs".into(),
+            noexec: false,
         }],
     );
     let mut h = s.h(80, 1);
@@ -155,9 +156,11 @@ fn failures_carry_their_container_from_the_cgroup_id() {
     st.apply(
         &Event::SyscallFailed {
             h: s.h(90, 1),
+            limits: None,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Write,
+                prot: None,
                 fd: 1,
                 offset: Some(0),
                 bytes: Some(4096),
@@ -252,9 +255,11 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
     st.apply(
         &Event::SyscallFailed {
             h: s.h(7, 1),
+            limits: None,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Fallocate,
+                prot: None,
                 fd: 3,
                 offset: Some(0),
                 bytes: Some(MIB),

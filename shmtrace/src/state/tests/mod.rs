@@ -222,9 +222,11 @@ fn fallocate_enospc_names_file_request_and_free_space() {
     st.apply(
         &Event::SyscallFailed {
             h: s.h(30, 1),
+            limits: None,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Fallocate,
+                prot: None,
                 fd: 4,
                 offset: Some(0),
                 bytes: Some(32 * MIB),
@@ -254,6 +256,7 @@ fn open_failures_count_only_on_tmpfs() {
     host.usage.get_mut(&SHM).unwrap().inodes_used = 1000;
     let open = |s: &mut Stream, path: &str| Event::SyscallFailed {
         h: s.h(40, 1),
+        limits: None,
         errno: libc::ENOSPC,
         call: FailedCall::Open {
             syscall: Syscall::Openat,
