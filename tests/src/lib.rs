@@ -4,10 +4,12 @@
 
 use std::{
     fs::File,
+    io::{BufRead, BufReader, Read},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Child, Command, Output, Stdio},
     sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -262,4 +264,58 @@ impl Drop for Cleanup {
             }
         }
     }
+}
+
+/// Reads the periodic report until `ok` accepts it (or fails after 20 s).
+pub fn report_until(path: &Path, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(v) = serde_json::from_str::<Value>(&text)
+            && ok(&v)
+        {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "report never showed {what}: {}",
+            std::fs::read_to_string(path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `shmtrace --quiet EXTRA --report REPORT` node-wide, once it is tracing.
+pub fn start_node_wide(extra: &[&str], report: &Path) -> Child {
+    let mut tracer = Command::new(shmtrace())
+        .arg("--quiet")
+        .args(extra)
+        .arg("--report")
+        .arg(report)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    tracer
+}
+
+/// GET `path` from the metrics port: the body.
+pub fn http_get(port: u32, path: &str) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).expect("metrics port");
+    // In two pieces, as TCP may deliver it: the server must wait for the
+    // whole request head.
+    s.write_all(b"GET ").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.write_all(format!("{path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }

@@ -15,25 +15,6 @@ use shmtrace_tests::*;
 
 const PAGE: i64 = 4096;
 
-/// Reads the periodic report until `ok` accepts it (or fails after 20 s).
-fn report_until(path: &Path, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-            && ok(&v)
-        {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "report never showed {what}: {}",
-            std::fs::read_to_string(path).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn proc_of(r: &Value, pid: u64) -> &Value {
     r["processes"]
         .as_array()
@@ -64,24 +45,6 @@ fn start_holders(exe: &Path, finish: &Path) -> Child {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// `shmtrace --quiet EXTRA --report REPORT` node-wide, once it is tracing.
-fn start_node_wide(extra: &[&str], report: &Path) -> Child {
-    let mut tracer = Command::new(shmtrace())
-        .arg("--quiet")
-        .args(extra)
-        .arg("--report")
-        .arg(report)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
-    tracer
 }
 
 /// First JSON line a child prints on stdout.
@@ -273,22 +236,6 @@ fn pid_on_a_job_that_already_holds_shm_reports_it_at_once() {
 }
 
 /// GET http://127.0.0.1:PORT/PATH, body only.
-fn http_get(port: u32, path: &str) -> String {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port as u16)).expect("metrics port");
-    // In two pieces, as TCP may deliver it: the server must wait for the
-    // whole request head.
-    s.write_all(b"GET ").unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    s.write_all(format!("{path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
-}
-
 struct Pod {
     cgroup: PathBuf,
     uid: &'static str,

@@ -3,8 +3,11 @@
 //!   cargo xtask lint    rustfmt check, clippy on user space, clippy on the
 //!                       eBPF programs for their own target
 //!   cargo xtask bench   overhead on three workloads, as ratios (as root)
+//!   cargo xtask soak    node-wide shmtrace under churn: memory and CPU
+//!                       over time (as root)
 
 mod bench;
+mod soak;
 
 use std::process::Command;
 
@@ -27,6 +30,16 @@ enum Cmd {
         /// Interleaved rounds per condition.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+    },
+    /// Node-wide shmtrace under process, file, namespace and SIGBUS churn:
+    /// RSS and CPU over time, and the budget they set.
+    Soak {
+        /// How long to churn.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 10)]
+        every: u64,
     },
 }
 
@@ -51,6 +64,7 @@ fn main() -> Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     match Cli::parse().cmd {
         Cmd::Bench { rounds } => bench::run(std::path::Path::new(root), rounds)?,
+        Cmd::Soak { minutes, every } => soak::run(std::path::Path::new(root), minutes, every)?,
         Cmd::Lint => {
             cargo(&["fmt", "--all", "--check"], Some(root), false)?;
             cargo(

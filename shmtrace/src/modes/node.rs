@@ -5,17 +5,24 @@ use std::time::Duration;
 
 use anyhow::Result;
 use tokio::{
-    net::{TcpListener, TcpStream},
     signal::unix::{SignalKind, signal},
+    sync::mpsc,
 };
 
 use super::session::{Outputs, Session};
-use crate::{capture, host::proc::all_pids, output::metrics};
+use crate::{
+    capture,
+    host::proc::all_pids,
+    output::{
+        metrics,
+        serve::{self, Render},
+    },
+};
 
-/// A connection on the metrics port, or never when there is none.
-async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
-    match l {
-        Some(l) => l.accept().await,
+/// The next scrape waiting for metrics, or never when there is no endpoint.
+async fn scrape(r: Option<&mut mpsc::Receiver<Render>>) -> Option<Render> {
+    match r {
+        Some(r) => r.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -39,8 +46,8 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
         }
     }
     eprintln!("shmtrace: tracing every process on this node; Ctrl-C to stop");
-    let listener = match &metrics_addr {
-        Some(a) => Some(metrics::bind(a).await?),
+    let mut scrapes = match &metrics_addr {
+        Some(a) => Some(serve::start(a).await?),
         None => None,
     };
     if let Some(a) = &metrics_addr {
@@ -52,11 +59,9 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => break,
-            conn = accept(listener.as_ref()) => {
-                if let Ok((stream, _)) = conn {
-                    let body = metrics::render(&session.state, &session.tracer.counters(), &mut names);
-                    tokio::spawn(metrics::answer(stream, body));
-                }
+            Some(reply) = scrape(scrapes.as_mut()) => {
+                let body = metrics::render(&session.state, &session.tracer.counters(), &mut names);
+                let _ = reply.send(body);
             }
             _ = session.step(Duration::from_millis(200)) => {}
         }

@@ -1,16 +1,21 @@
 //! Prometheus metrics for the DaemonSet (`--metrics ADDR`): /dev/shm size,
 //! use and peak per mount, bytes held per container, failures and losses.
-//! Labels follow the Prometheus naming guide: no pid as a label.
+//! Labels follow the Prometheus naming guide: no pid as a label. Rendered
+//! with prometheus-client (OpenMetrics text, its escaping) from the state
+//! at the moment of a scrape; `serve` answers the HTTP side.
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::collections::{BTreeMap, BTreeSet};
 
-use anyhow::{Context, Result};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
 };
 
-use crate::state::{State, containers::Container};
+use crate::{
+    capture::Counters,
+    state::{State, containers::Container},
+};
 
 /// Pod namespace, pod name and container name for a container id, from the
 /// kubelet's /var/log/containers/<pod>_<namespace>_<container>-<id>.log
@@ -60,51 +65,83 @@ fn read_kubelet_logs(dir: &std::path::Path) -> BTreeMap<String, (String, String,
     out
 }
 
-/// The label set of a container: names when the kubelet's logs tell them,
-/// else the pod UID and a short container id.
-fn labels(c: Option<&Container>, names: &mut PodNames) -> String {
+/// Who a series is about: names when the kubelet's logs tell them, else
+/// the pod UID and a short container id; empty for the host.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Pod {
+    namespace: String,
+    pod: String,
+    container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MountLabels {
+    mountpoint: String,
+    dev: String,
+    #[prometheus(flatten)]
+    pod: Pod,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    /// The cause (tmpfs_full, address_space_limit, ...).
+    reason: String,
+    /// sigbus, enospc, mmap_error, oom_kill, ...
+    kind: String,
+    #[prometheus(flatten)]
+    pod: Pod,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Stage {
+    stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Version {
+    version: String,
+}
+
+fn pod(c: Option<&Container>, names: &mut PodNames) -> Pod {
     let Some(c) = c else {
-        return r#"namespace="",pod="",container="""#.into();
+        return Pod::default();
     };
     if let Some(id) = &c.container_id
-        && let Some((ns, pod, container)) = names.lookup(id).cloned()
+        && let Some((namespace, pod, container)) = names.lookup(id).cloned()
     {
-        return format!(
-            r#"namespace="{}",pod="{}",container="{}""#,
-            esc(&ns),
-            esc(&pod),
-            esc(&container)
-        );
+        return Pod {
+            namespace,
+            pod,
+            container,
+        };
     }
-    format!(
-        r#"namespace="",pod="{}",container="{}""#,
-        esc(c.pod_uid.as_deref().unwrap_or("")),
-        esc(c
+    Pod {
+        namespace: String::new(),
+        pod: c.pod_uid.clone().unwrap_or_default(),
+        container: c
             .container_id
             .as_deref()
-            .map(|i| &i[..i.len().min(12)])
-            .unwrap_or(""))
-    )
+            .map(|i| i[..i.len().min(12)].to_string())
+            .unwrap_or_default(),
+    }
 }
 
-/// Label value escaping (text exposition format).
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn name_of<T: serde::Serialize>(v: T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
-pub fn render(st: &State, counters: &crate::capture::Counters, names: &mut PodNames) -> String {
-    let mut s = String::new();
-    let help = |s: &mut String, name: &str, kind: &str, text: &str| {
-        let _ = writeln!(s, "# HELP {name} {text}\n# TYPE {name} {kind}");
-    };
-    help(&mut s, "shmtrace_build_info", "gauge", "shmtrace version.");
-    let _ = writeln!(
-        s,
-        "shmtrace_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
+/// The metrics as they stand, in the OpenMetrics text format.
+pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
+    let mut reg = Registry::default();
+    let info = Family::<Version, Gauge>::default();
+    info.get_or_create(&Version {
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+    .set(1);
+    reg.register("shmtrace_build_info", "shmtrace version", info);
 
     // A mount belongs to the container of a live process in its namespace.
     let ns_container: BTreeMap<u32, Option<&Container>> = st
@@ -112,53 +149,48 @@ pub fn render(st: &State, counters: &crate::capture::Counters, names: &mut PodNa
         .alive()
         .map(|p| (p.mnt_ns, p.container.as_ref()))
         .collect();
-    for (metric, text) in [
-        (
-            "shmtrace_tmpfs_size_bytes",
-            "Size limit of a tmpfs mount (/dev/shm).",
-        ),
-        (
-            "shmtrace_tmpfs_used_bytes",
-            "Bytes in use on a tmpfs mount.",
-        ),
-        (
-            "shmtrace_tmpfs_peak_used_bytes",
-            "Highest use seen on a tmpfs mount.",
-        ),
-        (
-            "shmtrace_tmpfs_tracked_bytes",
-            "Bytes of the tmpfs files shmtrace attributes to processes.",
-        ),
-    ] {
-        help(&mut s, metric, "gauge", text);
-        for m in st.mount_stats.by_dev.values() {
-            let v = match metric {
-                "shmtrace_tmpfs_size_bytes" => m.size_bytes,
-                "shmtrace_tmpfs_used_bytes" => m.used_bytes,
-                "shmtrace_tmpfs_peak_used_bytes" => Some(m.peak_used_bytes),
-                _ => Some(m.tracked_bytes),
-            };
-            if let Some(v) = v {
-                let c = ns_container.get(&m.mount_ns).copied().flatten();
-                let _ = writeln!(
-                    s,
-                    "{metric}{{mountpoint=\"{}\",dev=\"{}\",{}}} {v}",
-                    esc(m.mountpoint.as_deref().unwrap_or("")),
-                    m.dev,
-                    labels(c, names)
-                );
-            }
+    let size = Family::<MountLabels, Gauge>::default();
+    let used = Family::<MountLabels, Gauge>::default();
+    let peak = Family::<MountLabels, Gauge>::default();
+    let tracked = Family::<MountLabels, Gauge>::default();
+    for m in st.mount_stats.by_dev.values() {
+        let labels = MountLabels {
+            mountpoint: m.mountpoint.clone().unwrap_or_default(),
+            dev: m.dev.clone(),
+            pod: pod(ns_container.get(&m.mount_ns).copied().flatten(), names),
+        };
+        if let Some(v) = m.size_bytes {
+            size.get_or_create(&labels).set(v as i64);
         }
+        if let Some(v) = m.used_bytes {
+            used.get_or_create(&labels).set(v as i64);
+        }
+        peak.get_or_create(&labels).set(m.peak_used_bytes as i64);
+        tracked.get_or_create(&labels).set(m.tracked_bytes as i64);
     }
-
-    help(
-        &mut s,
-        "shmtrace_container_shm_held_bytes",
-        "gauge",
-        "Bytes of tmpfs files a container's processes keep alive (each file once).",
+    reg.register(
+        "shmtrace_tmpfs_size_bytes",
+        "Size limit of a tmpfs mount (/dev/shm)",
+        size,
     );
-    let mut by_container: BTreeMap<String, (Option<&Container>, std::collections::BTreeSet<u32>)> =
-        BTreeMap::new();
+    reg.register(
+        "shmtrace_tmpfs_used_bytes",
+        "Bytes in use on a tmpfs mount",
+        used,
+    );
+    reg.register(
+        "shmtrace_tmpfs_peak_used_bytes",
+        "Highest use seen on a tmpfs mount",
+        peak,
+    );
+    reg.register(
+        "shmtrace_tmpfs_tracked_bytes",
+        "Bytes of the tmpfs files shmtrace attributes to processes",
+        tracked,
+    );
+
+    let held = Family::<Pod, Gauge>::default();
+    let mut by_container: BTreeMap<String, (Option<&Container>, BTreeSet<u32>)> = BTreeMap::new();
     for p in st.procs.alive() {
         let key = p
             .container
@@ -167,102 +199,164 @@ pub fn render(st: &State, counters: &crate::capture::Counters, names: &mut PodNa
             .unwrap_or_default();
         by_container
             .entry(key)
-            .or_insert((p.container.as_ref(), Default::default()))
+            .or_insert((p.container.as_ref(), BTreeSet::new()))
             .1
             .insert(p.pid);
     }
     for (c, pids) in by_container.values() {
-        let held = st.files.held_by_any(pids);
-        if held > 0 {
-            let _ = writeln!(
-                s,
-                "shmtrace_container_shm_held_bytes{{{}}} {held}",
-                labels(*c, names)
-            );
+        let bytes = st.files.held_by_any(pids);
+        if bytes > 0 {
+            held.get_or_create(&pod(*c, names)).set(bytes as i64);
         }
     }
-
-    help(
-        &mut s,
-        "shmtrace_shm_failures_total",
-        "counter",
-        "Shared-memory failures seen, by kind.",
+    reg.register(
+        "shmtrace_container_shm_held_bytes",
+        "Bytes of tmpfs files a container's processes keep alive (each file once)",
+        held,
     );
-    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+
+    let failures = Family::<FailureLabels, Counter>::default();
     for f in st.failures.all() {
-        *failures
-            .entry(format!(
-                "reason=\"{}\",{}",
-                f.kind,
-                labels(f.container.as_ref(), names)
-            ))
-            .or_default() += 1;
+        failures
+            .get_or_create(&FailureLabels {
+                reason: name_of(f.reason),
+                kind: f.kind.to_string(),
+                pod: pod(f.container.as_ref(), names),
+            })
+            .inc_by(1 + f.repeats);
     }
-    for (l, n) in failures {
-        let _ = writeln!(s, "shmtrace_shm_failures_total{{{l}}} {n}");
-    }
-
-    help(
-        &mut s,
-        "shmtrace_events_lost_total",
-        "counter",
-        "Kernel events lost, by stage.",
+    reg.register(
+        "shmtrace_shm_failures",
+        "Shared-memory failures seen, by cause and kind (repeats included)",
+        failures,
     );
+
+    let lost = Family::<Stage, Counter>::default();
     let l = &counters.lost;
     for (stage, n) in [
         ("events_ring", l.events_ring),
         ("failures_ring", l.failures_ring),
         ("traced_map_full", l.traced_map_full),
     ] {
-        let _ = writeln!(s, "shmtrace_events_lost_total{{stage=\"{stage}\"}} {n}");
+        lost.get_or_create(&Stage {
+            stage: stage.into(),
+        })
+        .inc_by(n);
     }
-    help(
-        &mut s,
-        "shmtrace_events_total",
-        "counter",
-        "Kernel events received.",
+    reg.register("shmtrace_events_lost", "Kernel events lost, by stage", lost);
+    let held_back = Family::<Stage, Counter>::default();
+    for (stage, n) in [
+        ("failure_records", counters.suppressed.failure_records),
+        ("sent_sigbus", counters.suppressed.sent_sigbus),
+    ] {
+        held_back
+            .get_or_create(&Stage {
+                stage: stage.into(),
+            })
+            .inc_by(n);
+    }
+    reg.register(
+        "shmtrace_records_suppressed",
+        "Records held back because a process was over its budget",
+        held_back,
     );
-    let _ = writeln!(s, "shmtrace_events_total {}", st.evidence.events_seen);
-    s
+    let events: Counter = Counter::default();
+    events.inc_by(st.evidence.events_seen);
+    reg.register("shmtrace_events", "Kernel events received", events);
+    let procs: Gauge = Gauge::default();
+    procs.set(st.procs.len() as i64);
+    reg.register(
+        "shmtrace_tracked_processes",
+        "Processes in shmtrace's state",
+        procs,
+    );
+    let files: Gauge = Gauge::default();
+    files.set(st.files.files.len() as i64);
+    reg.register(
+        "shmtrace_tracked_files",
+        "tmpfs files in shmtrace's state",
+        files,
+    );
+
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
 }
 
-pub async fn bind(addr: &str) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for metrics on {addr}"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        event::{Dev, Event, FailedCall, FileRef, Header, MountPages, Syscall},
+        host::fixture::{Fixture, SELF_NS},
+    };
 
-/// Answers one HTTP request: /metrics with `body`, /healthz with "ok".
-pub async fn answer(mut stream: tokio::net::TcpStream, body: String) {
-    // The request line may arrive in pieces: read up to the end of the
-    // headers (or 2 s, or 4 KiB).
-    let mut buf = Vec::with_capacity(1024);
-    let read_head = async {
-        let mut chunk = [0u8; 1024];
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 4096 {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
+    #[test]
+    fn renders_mounts_failures_and_losses_with_escaped_labels() {
+        let dev = Dev(40);
+        let mut host = Fixture::with_shm(dev, 64 << 20);
+        let mut st = State::new(0, &mut host);
+        let h = Header {
+            ts_ns: 10,
+            pid: 5,
+            tid: 5,
+            ppid: 1,
+            mnt_ns: SELF_NS,
+            cgroup_id: 0,
+            comm: "w".into(),
+        };
+        let file = FileRef {
+            dev,
+            ino: 2,
+            name: Some("a\"b".into()),
+            size: 0,
+            allocated: 0,
+            unlinked: false,
+            mount: MountPages {
+                dev,
+                max_pages: 0,
+                used_pages: 0,
+            },
+        };
+        for _ in 0..3 {
+            st.apply(
+                &Event::SyscallFailed {
+                    h: h.clone(),
+                    errno: libc::ENOSPC,
+                    limits: None,
+                    call: FailedCall::OnFile {
+                        syscall: Syscall::Fallocate,
+                        fd: 3,
+                        offset: Some(0),
+                        bytes: Some(1 << 20),
+                        prot: None,
+                        file: file.clone(),
+                    },
+                },
+                &mut host,
+            );
         }
-    };
-    if tokio::time::timeout(std::time::Duration::from_secs(2), read_head)
-        .await
-        .is_err()
-        || buf.is_empty()
-    {
-        return;
+        st.tick(&mut host);
+        let mut c = Counters::default();
+        c.lost.events_ring = 7;
+        let text = render(&st, &c, &mut PodNames::default());
+        assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
+        assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
+        assert!(
+            text.contains("shmtrace_events_lost_total{stage=\"events_ring\"} 7"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // A hostile mount point cannot forge a line.
+        let mut st2 = st;
+        for m in st2.mount_stats.by_dev.values_mut() {
+            m.mountpoint = Some("/x\"} 1\nshmtrace_fake 2".into());
+        }
+        let text = render(&st2, &c, &mut PodNames::default());
+        assert!(
+            !text.lines().any(|l| l.starts_with("shmtrace_fake")),
+            "{text}"
+        );
     }
-    let req = String::from_utf8_lossy(&buf);
-    let path = req.split_whitespace().nth(1).unwrap_or("/");
-    let (status, ctype, body) = match path {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", body),
-        "/healthz" | "/readyz" => ("200 OK", "text/plain", "ok\n".to_string()),
-        _ => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
-    };
-    let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(resp.as_bytes()).await;
 }

@@ -1,10 +1,11 @@
 //! Output: renders state and reports, decides nothing. The JSON report, the
-//! human summary, the live view, Prometheus metrics, and the `--events`
-//! stream.
+//! human summary, the live view, Prometheus metrics (and `serve`, their
+//! HTTP endpoint), and the `--events` stream.
 
 pub mod events;
 pub mod files;
 pub mod live;
 pub mod metrics;
 pub mod report;
+pub mod serve;
 pub mod summary;

@@ -1,0 +1,193 @@
+//! Node-wide shmtrace as a DaemonSet runs it, for weeks, beside processes it
+//! does not trust: memory bounded under churn, a metrics endpoint that slow
+//! or idle clients cannot take down, every way of stopping it ending with
+//! its final report.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap()
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// A job in a private namespace with an 8 MiB /dev/shm that fails for real
+/// after some noise; returns its pid (the failing one).
+fn failing_job() -> u64 {
+    let exe = workload("sigbus_flood");
+    let argv = private_shm(
+        "size=8m",
+        &format!("exec {} /dev/shm 1000 100", exe.display()),
+    );
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    truth(&String::from_utf8_lossy(&out.stdout))["pid"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn idle_and_slow_metrics_clients_cannot_stop_scrapes_or_tracing() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("slow-clients");
+    let report = dir.join("r.json");
+    let port = 20000 + std::process::id() % 1000;
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
+    cleanup.pids.push(tracer.id());
+
+    // 40 connections that never say a word, 8 that start a request and
+    // stall (slowloris), 8 that ask and never read the answer.
+    let mut held = Vec::new();
+    for i in 0..56 {
+        let mut s = TcpStream::connect(("127.0.0.1", port as u16)).unwrap();
+        if i >= 40 {
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n");
+        }
+        if i >= 48 {
+            let _ = s.write_all(b"Host: x\r\n\r\n");
+        }
+        held.push(s);
+    }
+    // Tracing goes on meanwhile.
+    let pid = failing_job();
+    report_until(&report, "the job's failure", |r| {
+        r["failures"]
+            .as_array()
+            .is_some_and(|fs| fs.iter().any(|f| f["pid"].as_u64() == Some(pid)))
+    });
+    // A real scrape gets through once the stalled ones time out.
+    let start = Instant::now();
+    let body = http_get(port, "/metrics");
+    assert!(body.contains("shmtrace_build_info"), "{body}");
+    assert!(
+        body.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\""),
+        "{body}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        start.elapsed()
+    );
+    // Connections are capped: the stalled ones do not each hold an fd.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", tracer.id()))
+        .unwrap()
+        .count();
+    assert!(fds < 60, "{fds} fds open with 56 stalled clients");
+    // Only /metrics renders; anything else is answered at once.
+    assert_eq!(http_get(port, "/nothing").trim(), "try /metrics");
+    let mut s = TcpStream::connect(("127.0.0.1", port as u16)).unwrap();
+    s.write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+    drop(held);
+    signal(tracer.id(), libc::SIGINT);
+    assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sighup_and_sigterm_end_with_the_final_report() {
+    require_root();
+    let _lock = bpf_lock(false);
+    for sig in [libc::SIGHUP, libc::SIGTERM] {
+        let dir = scratch("hup");
+        let report = dir.join("r.json");
+        let mut cleanup = Cleanup::new(None);
+        let mut tracer = start_node_wide(&[], &report);
+        cleanup.pids.push(tracer.id());
+        let pid = failing_job();
+        report_until(&report, "the job's failure", |r| {
+            r["failures"]
+                .as_array()
+                .is_some_and(|fs| fs.iter().any(|f| f["pid"].as_u64() == Some(pid)))
+        });
+        // The periodic report says "running"; the final one is written on
+        // the signal, failure included.
+        std::fs::remove_file(&report).unwrap();
+        signal(tracer.id(), sig);
+        assert!(tracer.wait().unwrap().success(), "signal {sig}");
+        let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(r["mode"], "node");
+        assert!(
+            r["failures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["pid"].as_u64() == Some(pid)),
+            "signal {sig}: {}",
+            r["failures"]
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
+    require_root();
+    // Alone: the RSS must be this churn's, not other tests'.
+    let _lock = bpf_lock(true);
+    let dir = scratch("churn");
+    let report = dir.join("r.json");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&[], &report);
+    cleanup.pids.push(tracer.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let before = rss_kib(tracer.id());
+    // 20,000 processes, each with a 64 KiB command line and a tmpfs file.
+    let exe = workload("churn");
+    let argv = private_shm(
+        "size=64m",
+        &format!("exec {} 20000 /dev/shm", exe.display()),
+    );
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert_eq!(truth(&String::from_utf8_lossy(&out.stdout))["done"], 20000);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rss_kib(tracer.id());
+    signal(tracer.id(), libc::SIGINT);
+    assert!(tracer.wait().unwrap().success());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let procs = r["processes"].as_array().unwrap();
+    let churned: Vec<&Value> = procs
+        .iter()
+        .filter(|p| p["cmdline"].as_str().is_some_and(|c| c.contains(" -c ")))
+        .collect();
+    assert!(
+        !churned.is_empty() && churned.len() <= 2048,
+        "{} churn processes kept",
+        churned.len()
+    );
+    let cmd = churned[0]["cmdline"].as_str().unwrap();
+    assert!(
+        cmd.len() < 4200 && cmd.ends_with("[cut at 4096 bytes]"),
+        "{}",
+        &cmd[cmd.len() - 40..]
+    );
+    assert!(
+        after < 96 * 1024 && after.saturating_sub(before) < 48 * 1024,
+        "RSS {before} KiB -> {after} KiB after 20,000 processes"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
