@@ -22,6 +22,15 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// SIGKILL on drop, even when the test fails.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGKILL);
+    }
+}
+
 fn signal(pid: u32, sig: i32) {
     // SAFETY: plain kill(2).
     unsafe { libc::kill(pid as i32, sig) };
@@ -189,5 +198,77 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
         after < 96 * 1024 && after.saturating_sub(before) < 48 * 1024,
         "RSS {before} KiB -> {after} KiB after 20,000 processes"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_stuck_fuse_mount_does_not_stop_tracing_or_reports() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("stuck");
+    let report = dir.join("r.json");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&[], &report);
+    cleanup.pids.push(tracer.id());
+    // A FUSE mount that stops answering once the job holds a file on it;
+    // the job then maps a tmpfs file (shmtrace looks at its fds: the FUSE
+    // one hangs) and fails on its full 8 MiB /dev/shm.
+    let exe = workload("stuckfs");
+    let (fuse, flag, server) = (dir.join("fuse"), dir.join("stall"), dir.join("server.json"));
+    std::fs::create_dir_all(&fuse).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=8m tmpfs /dev/shm && \
+         {exe} serve {fuse} {flag} > {server} & \
+         while ! test -e {fuse}/file; do sleep 0.05; done; \
+         exec {exe} hold {fuse}/file {flag} /dev/shm",
+        exe = exe.display(),
+        fuse = fuse.display(),
+        flag = flag.display(),
+        server = server.display()
+    );
+    let argv = in_private_ns(&script);
+    let mut job = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(job.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let server_pid = truth(&std::fs::read_to_string(&server).unwrap())["server"]
+        .as_u64()
+        .unwrap() as u32;
+    // Whatever happens, the stuck server goes: that frees every process
+    // waiting on its mount.
+    let _server = KillOnDrop(server_pid);
+    let t = truth(&line);
+    let pid = t["pid"].as_u64().unwrap();
+    cleanup.pids.push(pid as u32);
+    assert_eq!(t["fallocate"].as_i64(), Some(libc::ENOSPC as i64), "{t}");
+    // The failure is reported while the FUSE server still hangs.
+    let r = report_until(&report, "the job's failure despite the stuck mount", |r| {
+        r["failures"]
+            .as_array()
+            .is_some_and(|fs| fs.iter().any(|f| f["pid"].as_u64() == Some(pid)))
+            && r["host_reads"]["timed_out"].as_u64() > Some(0)
+    });
+    assert!(
+        r["host_reads"]["timed_out"].as_u64() >= Some(1),
+        "{}",
+        r["host_reads"]
+    );
+    // And it still stops on request: the final report is written at once.
+    // (A thread stuck in the FUSE request keeps the process from being
+    // reaped until the mount answers or goes: no program can undo that.)
+    signal(tracer.id(), libc::SIGINT);
+    report_until(&report, "the final report", |r| r["mode"] == "node");
+    signal(server_pid, libc::SIGKILL);
+    signal(pid as u32, libc::SIGKILL);
+    let _ = job.wait();
+    assert!(tracer.wait().unwrap().success());
+    let _ = Command::new("umount").arg("-l").arg(&fuse).status();
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -14,6 +14,7 @@ fn ctx() -> Context {
         target_pid: Some(10),
         duration_s: 1.0,
         counters: Default::default(),
+        host_stalls: Default::default(),
         exit: None,
         notes: Vec::new(),
     }

@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::{
     capture::{Counters, Losses, Suppressed},
     event::Dev,
+    host::blocking::Stalls,
     state::{
         State,
         failures::{Failure, MountAtFailure, OtherSignal},
@@ -84,6 +85,9 @@ pub struct Facts {
     /// Records the kernel side held back on purpose (a process over its
     /// budget), and who was held back most.
     pub suppressed: Suppressed,
+    /// Reads of /proc, statfs and stat that hung (a stuck mount or
+    /// process) and were given up, or skipped after one did.
+    pub host_reads: Stalls,
     pub events_received: u64,
     pub events_by_kind: BTreeMap<String, u64>,
     pub exit: Option<Exit>,
@@ -96,6 +100,7 @@ pub struct Context {
     pub target_pid: Option<u32>,
     pub duration_s: f64,
     pub counters: Counters,
+    pub host_stalls: Stalls,
     pub exit: Option<Exit>,
     pub notes: Vec<String>,
 }
@@ -122,6 +127,7 @@ impl Facts {
             lost_events: ctx.counters.lost.total(),
             lost: ctx.counters.lost,
             suppressed: ctx.counters.suppressed,
+            host_reads: ctx.host_stalls,
             events_received: st.evidence.events_seen,
             events_by_kind: st
                 .evidence

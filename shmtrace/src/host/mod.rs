@@ -4,6 +4,7 @@
 //! host that touches nothing.
 
 pub mod anchors;
+pub mod blocking;
 #[cfg(test)]
 pub mod fixture;
 pub mod proc;
@@ -119,4 +120,8 @@ pub trait Host {
     /// The cgroup v2 path of cgroup id `id` (a walk of the hierarchy, at
     /// most once a second on a miss).
     fn cgroup_path(&mut self, id: u64) -> Option<String>;
+    /// Reads that stalled (timed out) or were skipped for it.
+    fn stalls(&self) -> blocking::Stalls {
+        blocking::Stalls::default()
+    }
 }

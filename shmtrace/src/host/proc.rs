@@ -2,7 +2,11 @@
 
 use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path, time::Instant};
 
-use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry, anchors::Anchors};
+use super::{
+    FdEntry, FileStat, Host, Limits, Lookup, MapsEntry,
+    anchors::Anchors,
+    blocking::{Blocking, Stalls},
+};
 use crate::{
     escape,
     event::{Addr, Dev},
@@ -16,6 +20,8 @@ pub struct ProcHost {
     /// cgroup v2 id -> path, from the last walk of the hierarchy.
     cgroup_ids: HashMap<u64, String>,
     last_walk: Option<Instant>,
+    /// Reads that may block run here, with a timeout.
+    io: Blocking,
 }
 
 impl Default for ProcHost {
@@ -33,6 +39,7 @@ impl ProcHost {
             anchors: Anchors::new(self_ns),
             cgroup_ids: HashMap::new(),
             last_walk: None,
+            io: Blocking::new(),
         }
     }
 }
@@ -47,21 +54,33 @@ impl Host for ProcHost {
     }
 
     fn proc_stat(&self, pid: u32) -> Option<(u32, String)> {
-        read_stat(pid)
+        self.io
+            .run(|| format!("stat {pid}"), move || read_stat(pid))
+            .flatten()
     }
 
     fn cmdline(&self, pid: u32) -> Option<String> {
-        read_cmdline(pid)
+        self.io
+            .run(|| format!("cmdline {pid}"), move || read_cmdline(pid))
+            .flatten()
     }
 
     fn mnt_ns(&self, pid: u32) -> Option<u32> {
+        // An nsfs link: answered by procfs itself, never by a filesystem.
         mnt_ns_of(&pid.to_string())
     }
 
     fn mountinfo(&mut self, ns: u32, via: u32) -> Option<Vec<Mount>> {
         let reader = self.anchors.ensure(ns, via).unwrap_or(via);
-        let text = std::fs::read_to_string(format!("/proc/{reader}/mountinfo")).ok()?;
-        Some(mounts::parse_mountinfo(&text))
+        self.io
+            .run(
+                || format!("mountinfo {reader}"),
+                move || {
+                    let text = std::fs::read_to_string(format!("/proc/{reader}/mountinfo")).ok()?;
+                    Some(mounts::parse_mountinfo(&text))
+                },
+            )
+            .flatten()
     }
 
     fn anchored(&self) -> Vec<u32> {
@@ -79,19 +98,19 @@ impl Host for ProcHost {
     fn statfs(&self, dev: Dev, ns: u32, mountpoint: &str, via: &[u32]) -> Option<Usage> {
         // The anchor (shmtrace itself for its own namespace) nearly always
         // answers; live processes of the namespace are the fallback.
-        for c in self.anchors.get(ns).into_iter().chain(via.iter().copied()) {
-            let path = format!("/proc/{c}/root{mountpoint}");
-            let Ok(st) = nix::sys::stat::stat(path.as_str()) else {
-                continue;
-            };
-            if dev_of(st.st_dev) != dev {
-                continue;
-            }
-            if let Some(u) = statfs_path(&path) {
-                return Some(u);
-            }
-        }
-        None
+        let through: Vec<u32> = self
+            .anchors
+            .get(ns)
+            .into_iter()
+            .chain(via.iter().copied())
+            .collect();
+        let mp = mountpoint.to_string();
+        self.io
+            .run(
+                || format!("statfs {dev} {ns}"),
+                move || statfs_through(dev, &mp, &through),
+            )
+            .flatten()
     }
 
     fn lookup(&self, dev: Dev, ns: u32, mountpoint: &str, rel: &str) -> Lookup {
@@ -99,96 +118,66 @@ impl Host for ProcHost {
             return Lookup::Unknown;
         };
         let root = format!("/proc/{anchor}/root{mountpoint}");
-        // The mount must still be where it was: else a missing name means nothing.
-        match nix::sys::stat::stat(root.as_str()) {
-            Ok(st) if dev_of(st.st_dev) == dev => {}
-            _ => return Lookup::Unknown,
-        }
-        match nix::sys::stat::lstat(format!("{root}/{rel}").as_str()) {
-            Ok(st) if dev_of(st.st_dev) == dev => Lookup::Found(file_stat(&st)),
-            Ok(_) => Lookup::Missing,
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => Lookup::Missing,
-            Err(_) => Lookup::Unknown,
-        }
+        let rel = rel.to_string();
+        self.io
+            .run(
+                || format!("lookup {dev}"),
+                move || lookup_under(dev, &root, &rel),
+            )
+            .unwrap_or(Lookup::Unknown)
     }
 
     fn limits(&self, pid: u32) -> Limits {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let vm_kb = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmSize:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-        let map_count = std::fs::read(format!("/proc/{pid}/maps"))
-            .ok()
-            .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64);
-        let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .ok()
-            .map(|d| d.count() as u64);
-        let (memcg_limit, memcg_usage) = memcg_of(pid);
-        Limits {
-            address_space: rlimit(pid, libc::RLIMIT_AS),
-            file_size: rlimit(pid, libc::RLIMIT_FSIZE),
-            open_files: rlimit(pid, libc::RLIMIT_NOFILE),
-            vm_bytes: vm_kb.map(|k| k * 1024),
-            map_count,
-            fds_open,
-            max_map_count: read_u64("/proc/sys/vm/max_map_count"),
-            memcg_limit,
-            memcg_usage,
-        }
+        self.io
+            .run(|| format!("limits {pid}"), move || limits_of(pid))
+            .unwrap_or_default()
     }
 
     fn maps(&self, pid: u32) -> Vec<MapsEntry> {
-        std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .map(|t| parse_maps(&t))
+        self.io
+            .run(|| format!("maps {pid}"), move || maps_of(pid))
             .unwrap_or_default()
     }
 
     fn fds(&self, pid: u32) -> Option<Vec<FdEntry>> {
-        let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-        let mut out = Vec::new();
-        for e in dir.flatten() {
-            let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            let Ok(st) = nix::sys::stat::stat(&e.path()) else {
-                continue;
-            };
-            let stat = file_stat(&st);
-            if !stat.regular {
-                continue;
-            }
-            let name = std::fs::read_link(e.path())
-                .ok()
-                .map(|l| last_component(&l));
-            out.push(FdEntry { fd, stat, name });
-        }
-        Some(out)
+        self.io
+            .run(|| format!("fds {pid}"), move || fds_of(pid))
+            .flatten()
     }
 
     fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat> {
-        nix::sys::stat::stat(format!("/proc/{pid}/fd/{fd}").as_str())
-            .ok()
-            .map(|st| file_stat(&st))
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let key = path.clone();
+        self.io.run(|| key, move || stat_path(&path)).flatten()
     }
 
     fn stat_mapped(&self, pid: u32, dev: Dev, ino: u64) -> Option<FileStat> {
         // map_files links are named by the kernel's VMA, which may have
         // merged several of our mappings: take the range from /proc.
-        self.maps(pid)
-            .into_iter()
-            .filter(|m| m.dev == dev && m.ino == ino)
-            .find_map(|m| self.stat_map_range(pid, m.start, m.end))
-            .filter(|st| st.ino == ino)
+        self.io
+            .run(
+                || format!("maps {pid}"),
+                move || {
+                    maps_of(pid)
+                        .into_iter()
+                        .filter(|m| m.dev == dev && m.ino == ino)
+                        .find_map(|m| stat_path(&map_file(pid, m.start, m.end)))
+                        .filter(|st| st.ino == ino)
+                },
+            )
+            .flatten()
     }
 
     fn stat_map_range(&self, pid: u32, start: Addr, end: Addr) -> Option<FileStat> {
-        nix::sys::stat::stat(format!("/proc/{pid}/map_files/{:x}-{:x}", start.0, end.0).as_str())
-            .ok()
-            .map(|st| file_stat(&st))
+        let path = map_file(pid, start, end);
+        self.io
+            .run(|| format!("maps {pid}"), move || stat_path(&path))
+            .flatten()
     }
 
     fn dir_of(&self, pid: u32, dirfd: Option<i32>) -> Option<String> {
+        // readlink of a /proc link prints a path the kernel already has:
+        // no filesystem is asked.
         let link = match dirfd {
             Some(fd) => format!("/proc/{pid}/fd/{fd}"),
             None => format!("/proc/{pid}/cwd"),
@@ -199,9 +188,16 @@ impl Host for ProcHost {
     }
 
     fn cgroup(&self, pid: u32) -> Option<String> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        // Anyone who may create a cgroup names it: escaped like any name.
-        Some(escape::str(&container_cgroup(&text)))
+        self.io
+            .run(
+                || format!("cgroup {pid}"),
+                move || {
+                    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                    // Anyone who may create a cgroup names it: escaped like any name.
+                    Some(escape::str(&container_cgroup(&text)))
+                },
+            )
+            .flatten()
     }
 
     fn cgroup_path(&mut self, id: u64) -> Option<String> {
@@ -218,6 +214,105 @@ impl Host for ProcHost {
         }
         self.cgroup_ids.get(&id).cloned()
     }
+
+    fn stalls(&self) -> Stalls {
+        self.io.stalls()
+    }
+}
+
+/// /proc/PID/map_files/START-END.
+fn map_file(pid: u32, start: Addr, end: Addr) -> String {
+    format!("/proc/{pid}/map_files/{:x}-{:x}", start.0, end.0)
+}
+
+fn stat_path(path: &str) -> Option<FileStat> {
+    nix::sys::stat::stat(path).ok().map(|st| file_stat(&st))
+}
+
+fn maps_of(pid: u32) -> Vec<MapsEntry> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|t| parse_maps(&t))
+        .unwrap_or_default()
+}
+
+/// statfs of `mountpoint` of device `dev`, through the first process of
+/// `through` whose root shows it.
+fn statfs_through(dev: Dev, mountpoint: &str, through: &[u32]) -> Option<Usage> {
+    for c in through {
+        let path = format!("/proc/{c}/root{mountpoint}");
+        let Ok(st) = nix::sys::stat::stat(path.as_str()) else {
+            continue;
+        };
+        if dev_of(st.st_dev) != dev {
+            continue;
+        }
+        if let Some(u) = statfs_path(&path) {
+            return Some(u);
+        }
+    }
+    None
+}
+
+fn lookup_under(dev: Dev, root: &str, rel: &str) -> Lookup {
+    // The mount must still be where it was: else a missing name means nothing.
+    match nix::sys::stat::stat(root) {
+        Ok(st) if dev_of(st.st_dev) == dev => {}
+        _ => return Lookup::Unknown,
+    }
+    match nix::sys::stat::lstat(format!("{root}/{rel}").as_str()) {
+        Ok(st) if dev_of(st.st_dev) == dev => Lookup::Found(file_stat(&st)),
+        Ok(_) => Lookup::Missing,
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => Lookup::Missing,
+        Err(_) => Lookup::Unknown,
+    }
+}
+
+fn limits_of(pid: u32) -> Limits {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let vm_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let map_count = std::fs::read(format!("/proc/{pid}/maps"))
+        .ok()
+        .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64);
+    let fds_open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|d| d.count() as u64);
+    let (memcg_limit, memcg_usage) = memcg_of(pid);
+    Limits {
+        address_space: rlimit(pid, libc::RLIMIT_AS),
+        file_size: rlimit(pid, libc::RLIMIT_FSIZE),
+        open_files: rlimit(pid, libc::RLIMIT_NOFILE),
+        vm_bytes: vm_kb.map(|k| k * 1024),
+        map_count,
+        fds_open,
+        max_map_count: read_u64("/proc/sys/vm/max_map_count"),
+        memcg_limit,
+        memcg_usage,
+    }
+}
+
+fn fds_of(pid: u32) -> Option<Vec<FdEntry>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(st) = nix::sys::stat::stat(&e.path()) else {
+            continue;
+        };
+        let stat = file_stat(&st);
+        if !stat.regular {
+            continue;
+        }
+        let name = std::fs::read_link(e.path())
+            .ok()
+            .map(|l| last_component(&l));
+        out.push(FdEntry { fd, stat, name });
+    }
+    Some(out)
 }
 
 pub fn dev_of(st_dev: u64) -> Dev {

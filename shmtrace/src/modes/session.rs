@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use crate::{
     analysis::{self, Report},
     capture::{self, Tracer},
+    host::Host as _,
     host::ProcHost,
     output::{self, live::Live, summary},
     state::State,
@@ -126,6 +127,7 @@ impl Session {
                 target_pid,
                 duration_s: (capture::monotonic_ns() - self.start_ns) as f64 / 1e9,
                 counters: self.tracer.counters(),
+                host_stalls: self.host.stalls(),
                 exit,
                 notes: self.tracer.notes.clone(),
             },

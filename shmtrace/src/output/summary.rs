@@ -275,6 +275,14 @@ fn lost_line(s: &mut String, r: &Report) {
             who.join("; ")
         );
     }
+    let stalls = &r.host_reads;
+    if stalls.timed_out + stalls.skipped > 0 {
+        let _ = writeln!(
+            s,
+            "  stalled reads  {} reads of /proc, statfs or stat hung and were given up, {} skipped after (a stuck mount or process); tracing went on",
+            stalls.timed_out, stalls.skipped
+        );
+    }
     for n in &r.notes {
         let _ = writeln!(s, "  note: {n}");
     }
@@ -358,6 +366,7 @@ mod tests {
                     },
                     ..Default::default()
                 },
+                host_stalls: Default::default(),
                 exit: None,
                 notes: Vec::new(),
             },

@@ -1,0 +1,191 @@
+//! Reads of the machine that may block (a hung FUSE or NFS mount, a process
+//! stuck in a page fault holding its mmap lock) run on worker threads, and
+//! the event loop waits for each at most [`TIMEOUT`]. A read that timed out
+//! marks its key (the method and what it was about) stuck for [`STUCK_FOR`]:
+//! asked again meanwhile, it answers None at once. Workers stuck in the
+//! kernel cannot be cancelled: a new one replaces each, up to
+//! [`MAX_THREADS`]; past that, reads are skipped (and counted).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+pub const TIMEOUT: Duration = Duration::from_millis(250);
+pub const STUCK_FOR: Duration = Duration::from_secs(60);
+pub const MAX_THREADS: usize = 32;
+/// Stuck keys remembered at most.
+const MAX_STUCK: usize = 4096;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// How often reads of the machine stalled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stalls {
+    /// Reads that took longer than the timeout (their answer was dropped).
+    pub timed_out: u64,
+    /// Reads not tried: their target had stalled recently, or every worker
+    /// was stuck.
+    pub skipped: u64,
+}
+
+struct Book {
+    stuck: HashMap<String, Instant>,
+    stalls: Stalls,
+}
+
+pub struct Blocking {
+    jobs: mpsc::Sender<Job>,
+    queue: Arc<Mutex<mpsc::Receiver<Job>>>,
+    threads: Arc<AtomicUsize>,
+    idle: Arc<AtomicUsize>,
+    book: Mutex<Book>,
+}
+
+impl Default for Blocking {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Blocking {
+    pub fn new() -> Self {
+        let (jobs, rx) = mpsc::channel();
+        Self {
+            jobs,
+            queue: Arc::new(Mutex::new(rx)),
+            threads: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new(AtomicUsize::new(0)),
+            book: Mutex::new(Book {
+                stuck: HashMap::new(),
+                stalls: Stalls::default(),
+            }),
+        }
+    }
+
+    pub fn stalls(&self) -> Stalls {
+        self.book.lock().map(|b| b.stalls).unwrap_or_default()
+    }
+
+    fn spawn_worker(&self) -> bool {
+        if self.threads.fetch_add(1, Ordering::SeqCst) >= MAX_THREADS {
+            self.threads.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        let (queue, idle, threads) = (self.queue.clone(), self.idle.clone(), self.threads.clone());
+        idle.fetch_add(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new()
+            .name("shmtrace-read".into())
+            .spawn(move || {
+                loop {
+                    let job = match queue.lock() {
+                        Ok(q) => q.recv(),
+                        Err(_) => break,
+                    };
+                    let Ok(job) = job else { break };
+                    idle.fetch_sub(1, Ordering::SeqCst);
+                    job();
+                    idle.fetch_add(1, Ordering::SeqCst);
+                }
+                idle.fetch_sub(1, Ordering::SeqCst);
+                threads.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            self.idle.fetch_sub(1, Ordering::SeqCst);
+            self.threads.fetch_sub(1, Ordering::SeqCst);
+        }
+        spawned.is_ok()
+    }
+
+    /// Runs `f` on a worker and waits for it at most [`TIMEOUT`]. None: it
+    /// timed out, or `key` stalled recently, or no worker was free.
+    pub fn run<T: Send + 'static>(
+        &self,
+        key: impl FnOnce() -> String,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let key = key();
+        {
+            let mut b = self.book.lock().ok()?;
+            match b.stuck.get(&key) {
+                Some(t) if t.elapsed() < STUCK_FOR => {
+                    b.stalls.skipped += 1;
+                    return None;
+                }
+                Some(_) => {
+                    b.stuck.remove(&key);
+                }
+                None => {}
+            }
+        }
+        if self.idle.load(Ordering::SeqCst) == 0 && !self.spawn_worker() {
+            if let Ok(mut b) = self.book.lock() {
+                b.stalls.skipped += 1;
+            }
+            return None;
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .ok()?;
+        match rx.recv_timeout(TIMEOUT) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                if let Ok(mut b) = self.book.lock() {
+                    b.stalls.timed_out += 1;
+                    if b.stuck.len() >= MAX_STUCK {
+                        b.stuck.retain(|_, t| t.elapsed() < STUCK_FOR);
+                    }
+                    if b.stuck.len() < MAX_STUCK {
+                        b.stuck.insert(key, Instant::now());
+                    }
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stuck_read_times_out_then_is_skipped_and_others_go_on() {
+        let b = Blocking::new();
+        assert_eq!(b.run(|| "a".into(), || 1 + 1), Some(2));
+        let (release, wait) = mpsc::channel::<()>();
+        let t = Instant::now();
+        assert_eq!(
+            b.run(
+                || "stuck".into(),
+                move || {
+                    let _ = wait.recv();
+                }
+            ),
+            None
+        );
+        assert!(t.elapsed() >= TIMEOUT && t.elapsed() < TIMEOUT * 4);
+        // Asked again: no wait at all.
+        let t = Instant::now();
+        assert_eq!(b.run(|| "stuck".into(), || ()), None);
+        assert!(t.elapsed() < TIMEOUT / 2);
+        // Other reads still answer, on a new worker.
+        assert_eq!(b.run(|| "b".into(), || 7), Some(7));
+        assert_eq!(
+            b.stalls(),
+            Stalls {
+                timed_out: 1,
+                skipped: 1
+            }
+        );
+        let _ = release.send(());
+    }
+}
