@@ -180,6 +180,10 @@ pub struct ProcLimits {
     /// mm->map_count.
     pub map_count: u32,
     pub valid: u32,
+    /// The failing fd's mount flags (vfsmount.mnt_flags; MNT_NOEXEC = 4),
+    /// when the call was on an fd.
+    pub mnt_flags: u32,
+    pub _pad: u32,
 }
 
 /// The one record every program sends. Fixed size, 8-byte aligned.
@@ -227,8 +231,8 @@ const _: () = {
     assert!(offset_of!(FileInfo, fs_used_pages) == 48);
     assert!(offset_of!(FileInfo, name) == 56);
     assert!(offset_of!(FileInfo, parent) == 120);
-    assert!(size_of::<ProcLimits>() == 40);
-    assert!(size_of::<Event>() == 464);
+    assert!(size_of::<ProcLimits>() == 48);
+    assert!(size_of::<Event>() == 472);
     assert!(offset_of!(Event, limits) == 424);
     assert!(offset_of!(Event, kind) == 0);
     assert!(offset_of!(Event, syscall) == 4);
@@ -245,7 +249,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 46 * 4);
+    assert!(size_of::<KernelOffsets>() == 48 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -310,6 +314,9 @@ pub struct KernelOffsets {
     pub task_mm: u32,
     pub mm_total_vm: u32,
     pub mm_map_count: u32,
+    /// file.f_path.mnt and vfsmount.mnt_flags: noexec at a failed mmap.
+    pub file_mnt: u32,
+    pub vfsmount_flags: u32,
 }
 
 impl KernelOffsets {

@@ -53,6 +53,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     task_mm: M,
     mm_total_vm: M,
     mm_map_count: M,
+    file_mnt: M,
+    vfsmount_flags: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.
@@ -229,6 +231,12 @@ pub fn fill_limits(l: &mut shmtrace_common::ProcLimits) {
     let mm = read_ptr(task, off!(task_mm));
     l.total_vm_pages = read::<u64>(mm, off!(mm_total_vm)).unwrap_or(0);
     l.map_count = read::<i32>(mm, off!(mm_map_count)).unwrap_or(0) as u32;
+}
+
+/// The mount flags of `file` (MNT_NOEXEC...), 0 when unknown.
+#[inline(always)]
+pub fn file_mnt_flags(file: u64) -> u32 {
+    read::<u32>(read_ptr(file, off!(file_mnt)), off!(vfsmount_flags)).unwrap_or(0)
 }
 
 /// The kernel dev of superblock `sb` (0 when unknown).

@@ -214,6 +214,9 @@ pub struct KernelLimits {
     pub map_count: u64,
 }
 
+/// Mount flag of the failing fd's mount (vfsmount.mnt_flags).
+pub const MNT_NOEXEC: u32 = 4;
+
 /// One event, decoded.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -259,6 +262,8 @@ pub enum Event {
         call: FailedCall,
         /// Its limits at that moment (ENOMEM, EFBIG, EMFILE only).
         limits: Option<KernelLimits>,
+        /// The fd's mount flags, read by the kernel (0: not on an fd).
+        mnt_flags: u32,
     },
     /// A traced process mapped a tmpfs file.
     Mapped {

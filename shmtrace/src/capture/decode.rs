@@ -124,6 +124,7 @@ impl Decoder {
                 errno: (-ev.ret) as i32,
                 call: self.failed_call(sys()?, ev)?,
                 limits: limits(&ev.limits),
+                mnt_flags: ev.limits.mnt_flags,
             },
             EventKind::Map => Event::Mapped {
                 h,

@@ -124,6 +124,8 @@ impl Tracer {
         preflight::check_btf()?;
         let (tracefs, mounted) = preflight::ensure_tracefs()?;
         let mut notes = Vec::new();
+        let pids = preflight::PidView::detect();
+        notes.extend(pids.note());
         if mounted {
             notes.push(format!(
                 "mounted tracefs at {} (it was not mounted)",
@@ -136,7 +138,7 @@ impl Tracer {
         let nrs = offsets::syscall_nrs();
         let config = Config {
             all_processes: all_processes as u32,
-            self_tgid: std::process::id(),
+            self_tgid: pids.self_tgid(),
         };
 
         let mut loader = EbpfLoader::new();

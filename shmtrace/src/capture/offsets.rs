@@ -78,6 +78,8 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         task_mm: get("task_struct", "mm", false),
         mm_total_vm: get("mm_struct", "total_vm", false),
         mm_map_count: get("mm_struct", "map_count", false),
+        file_mnt: get("file", "f_path.mnt", false),
+        vfsmount_flags: get("vfsmount", "mnt_flags", false),
     };
     if !missing_required.is_empty() {
         bail!(

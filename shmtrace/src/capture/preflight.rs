@@ -96,3 +96,64 @@ pub fn ensure_tracefs() -> Result<(PathBuf, bool)> {
         ),
     }
 }
+
+/// Inode of the initial PID namespace (PROC_PID_INIT_INO): the host's.
+const INIT_PID_NS: u64 = 0xEFFF_FFFC;
+
+/// Where shmtrace sits among PID namespaces. Kernel events carry host pids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PidView {
+    /// The host's PID namespace: pids in events are pids in /proc.
+    Host,
+    /// A namespace of its own (a container without hostPID). `host_pid`:
+    /// its own pid as the kernel reports it, when /proc tells.
+    Child { host_pid: Option<u32> },
+}
+
+impl PidView {
+    pub fn detect() -> Self {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata("/proc/self/ns/pid") {
+            Ok(m) if m.ino() != INIT_PID_NS => {
+                // NSpid lists the pid from the /proc mount's namespace down:
+                // with more than one, the first is the outer one.
+                let outer = std::fs::read_to_string("/proc/self/status")
+                    .ok()
+                    .and_then(|s| {
+                        let f: Vec<u32> = s
+                            .lines()
+                            .find_map(|l| l.strip_prefix("NSpid:"))?
+                            .split_whitespace()
+                            .filter_map(|v| v.parse().ok())
+                            .collect();
+                        (f.len() > 1).then(|| f[0])
+                    });
+                PidView::Child { host_pid: outer }
+            }
+            _ => PidView::Host,
+        }
+    }
+
+    /// shmtrace's pid as the kernel's events name it (0: unknown).
+    pub fn self_tgid(self) -> u32 {
+        match self {
+            PidView::Host => std::process::id(),
+            PidView::Child { host_pid } => host_pid.unwrap_or(0),
+        }
+    }
+
+    /// What the user should know, said plainly.
+    pub fn note(self) -> Option<String> {
+        match self {
+            PidView::Host => None,
+            PidView::Child { host_pid } => Some(format!(
+                "shmtrace runs in a PID namespace of its own, not the host's: the kernel reports host pids, which this /proc does not show, so command lines, fds, mappings and containers of processes outside it are not visible{} (run it with hostPID: true in Kubernetes, --pid=host with docker or podman)",
+                if host_pid.is_none() {
+                    ", and its own events cannot be told apart"
+                } else {
+                    ""
+                }
+            )),
+        }
+    }
+}

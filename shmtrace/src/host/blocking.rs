@@ -1,23 +1,24 @@
 //! Reads of the machine that may block (a hung FUSE or NFS mount, a process
 //! stuck in a page fault holding its mmap lock) run on worker threads, and
 //! the event loop waits for each at most [`TIMEOUT`]. A read that timed out
-//! marks its key (the method and what it was about) stuck for [`STUCK_FOR`]:
-//! asked again meanwhile, it answers None at once. Workers stuck in the
-//! kernel cannot be cancelled: a new one replaces each, up to
-//! [`MAX_THREADS`]; past that, reads are skipped (and counted).
+//! marks its key (the method and what it was about) stuck until that read
+//! returns: asked again meanwhile, it answers None at once, so one hung
+//! mount costs one timeout, not one per event. Workers stuck in the kernel
+//! cannot be cancelled: a new one replaces each, up to [`MAX_THREADS`];
+//! past that, reads are skipped (and counted).
 
 use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         mpsc,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-pub const TIMEOUT: Duration = Duration::from_millis(250);
-pub const STUCK_FOR: Duration = Duration::from_secs(60);
+/// Long enough that a loaded machine is not a stuck one.
+pub const TIMEOUT: Duration = Duration::from_secs(1);
 pub const MAX_THREADS: usize = 32;
 /// Stuck keys remembered at most.
 const MAX_STUCK: usize = 4096;
@@ -35,7 +36,8 @@ pub struct Stalls {
 }
 
 struct Book {
-    stuck: HashMap<String, Instant>,
+    /// Keys whose read timed out, with a flag set when it returns.
+    stuck: HashMap<String, Arc<AtomicBool>>,
     stalls: Stalls,
 }
 
@@ -113,7 +115,7 @@ impl Blocking {
         {
             let mut b = self.book.lock().ok()?;
             match b.stuck.get(&key) {
-                Some(t) if t.elapsed() < STUCK_FOR => {
+                Some(done) if !done.load(Ordering::SeqCst) => {
                     b.stalls.skipped += 1;
                     return None;
                 }
@@ -130,9 +132,12 @@ impl Blocking {
             return None;
         }
         let (tx, rx) = mpsc::sync_channel(1);
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
         self.jobs
             .send(Box::new(move || {
                 let _ = tx.send(f());
+                finished.store(true, Ordering::SeqCst);
             }))
             .ok()?;
         match rx.recv_timeout(TIMEOUT) {
@@ -141,10 +146,10 @@ impl Blocking {
                 if let Ok(mut b) = self.book.lock() {
                     b.stalls.timed_out += 1;
                     if b.stuck.len() >= MAX_STUCK {
-                        b.stuck.retain(|_, t| t.elapsed() < STUCK_FOR);
+                        b.stuck.retain(|_, d| !d.load(Ordering::SeqCst));
                     }
                     if b.stuck.len() < MAX_STUCK {
-                        b.stuck.insert(key, Instant::now());
+                        b.stuck.insert(key, done);
                     }
                 }
                 None
@@ -156,6 +161,7 @@ impl Blocking {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn a_stuck_read_times_out_then_is_skipped_and_others_go_on() {

@@ -45,11 +45,12 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             session.tracer.mark_shm_mapped(pid);
         }
     }
-    eprintln!("shmtrace: tracing every process on this node; Ctrl-C to stop");
+    // Listening before saying so: a scrape right after the line must work.
     let mut scrapes = match &metrics_addr {
         Some(a) => Some(serve::start(a).await?),
         None => None,
     };
+    eprintln!("shmtrace: tracing every process on this node; Ctrl-C to stop");
     if let Some(a) = &metrics_addr {
         eprintln!("shmtrace: metrics on http://{a}/metrics");
     }

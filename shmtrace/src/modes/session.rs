@@ -83,12 +83,28 @@ impl Session {
         self.state.add_existing(&mut self.host, pid, ts, root)
     }
 
+    /// The --events file cannot take more (its disk is full, say): stop
+    /// writing it, say so, and lose nothing else.
+    fn events_failed(&mut self, e: std::io::Error) {
+        self.events_out = None;
+        let note = format!(
+            "the --events file stopped after {} events: {e}; the report is complete",
+            self.state.evidence.events_seen
+        );
+        eprintln!("shmtrace: {note}");
+        self.tracer.notes.push(note);
+    }
+
     /// Moves every event that is safe to order into the state.
     pub fn pump(&mut self, flush: bool) {
-        for ev in self.tracer.drain(flush) {
+        let evs = self.tracer.drain(flush);
+        self.state.prepare(&evs, &mut self.host);
+        for ev in evs {
             if let Some(out) = &mut self.events_out {
                 let line = output::events::to_json(&ev, self.start_ns);
-                let _ = writeln!(out, "{line}");
+                if let Err(e) = writeln!(out, "{line}") {
+                    self.events_failed(e);
+                }
             }
             self.state.apply(&ev, &mut self.host);
         }
@@ -145,8 +161,10 @@ impl Session {
         // Events of the last moments may still be in the rings.
         tokio::time::sleep(Duration::from_millis(30)).await;
         self.pump(true);
-        if let Some(out) = &mut self.events_out {
-            out.flush().context("cannot write events file")?;
+        if let Some(out) = &mut self.events_out
+            && let Err(e) = out.flush()
+        {
+            self.events_failed(e);
         }
         self.state.tick(&mut self.host);
         if let Some(live) = &mut self.live {

@@ -325,6 +325,7 @@ mod tests {
                     h: h.clone(),
                     errno: libc::ENOSPC,
                     limits: None,
+                    mnt_flags: 0,
                     call: FailedCall::OnFile {
                         syscall: Syscall::Fallocate,
                         fd: 3,

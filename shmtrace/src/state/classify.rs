@@ -138,6 +138,7 @@ impl State {
             errno,
             call,
             limits: at_failure,
+            mnt_flags,
         } = ev
         else {
             return;
@@ -262,8 +263,14 @@ impl State {
                 f.file_size = Some(file.size);
                 f.unlinked = Some(file.unlinked);
                 f.mount = self.mount_state(host, file.dev, h.mnt_ns, h.pid, Some(file.mount));
-                let mount = self.mounts.by_dev(file.dev);
-                let (memfd, noexec) = (mount.is_none(), mount.is_some_and(|m| m.noexec));
+                // memfd_create names its files "memfd:NAME"; noexec from the
+                // kernel's view of the fd's mount, else the mount table.
+                let memfd = file
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("memfd:"));
+                let noexec = *mnt_flags & crate::event::MNT_NOEXEC != 0
+                    || self.mounts.by_dev(file.dev).is_some_and(|m| m.noexec);
                 let x = explain(
                     *syscall,
                     *prot,

@@ -113,6 +113,22 @@ impl State {
         self.procs.alive().map(|p| p.pid).collect()
     }
 
+    /// Before a batch is applied: anchors every mount namespace it shows
+    /// for the first time, through the process the event came from, while
+    /// that process most likely still lives (a job in a private namespace
+    /// may be gone before its turn in the batch comes).
+    pub fn prepare(&mut self, evs: &[Event], host: &mut dyn Host) {
+        for ev in evs {
+            if matches!(ev, Event::Sigbus { .. } | Event::OomVictim { .. }) {
+                continue;
+            }
+            let h = ev.header();
+            if h.mnt_ns != 0 && host.anchor_of(h.mnt_ns).is_none() {
+                self.refresh_mounts(host, h.mnt_ns, h.pid);
+            }
+        }
+    }
+
     /// One event, in kernel-time order.
     pub fn apply(&mut self, ev: &Event, host: &mut dyn Host) {
         self.evidence.counted(ev.name());

@@ -157,6 +157,7 @@ fn failures_carry_their_container_from_the_cgroup_id() {
         &Event::SyscallFailed {
             h: s.h(90, 1),
             limits: None,
+            mnt_flags: 0,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Write,
@@ -256,6 +257,7 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
         &Event::SyscallFailed {
             h: s.h(7, 1),
             limits: None,
+            mnt_flags: 0,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Fallocate,

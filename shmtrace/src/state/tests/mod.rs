@@ -223,6 +223,7 @@ fn fallocate_enospc_names_file_request_and_free_space() {
         &Event::SyscallFailed {
             h: s.h(30, 1),
             limits: None,
+            mnt_flags: 0,
             errno: libc::ENOSPC,
             call: FailedCall::OnFile {
                 syscall: Syscall::Fallocate,
@@ -257,6 +258,7 @@ fn open_failures_count_only_on_tmpfs() {
     let open = |s: &mut Stream, path: &str| Event::SyscallFailed {
         h: s.h(40, 1),
         limits: None,
+        mnt_flags: 0,
         errno: libc::ENOSPC,
         call: FailedCall::Open {
             syscall: Syscall::Openat,
