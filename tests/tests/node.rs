@@ -323,3 +323,55 @@ fn in_a_pid_namespace_of_its_own_it_says_what_it_cannot_see() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn its_own_events_file_on_a_full_tmpfs_neither_feeds_back_nor_loses_the_report() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("self");
+    let tiny = dir.join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&tiny)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let report = dir.join("r.json");
+    let events = tiny.join("events.jsonl");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&["--events", events.to_str().unwrap()], &report);
+    cleanup.pids.push(tracer.id());
+    // Enough events to fill 64 KiB many times over.
+    let pid = failing_job();
+    for _ in 0..3 {
+        failing_job();
+    }
+    report_until(&report, "the job's failure", |r| {
+        r["failures"]
+            .as_array()
+            .is_some_and(|fs| fs.iter().any(|f| f["pid"].as_u64() == Some(pid)))
+    });
+    signal(tracer.id(), libc::SIGINT);
+    let me = tracer.id() as u64;
+    let out = tracer.wait_with_output().unwrap();
+    let _ = Command::new("umount").arg("-l").arg(&tiny).status();
+    assert!(out.status.success());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let fs = r["failures"].as_array().unwrap();
+    assert!(
+        fs.iter().all(|f| f["pid"].as_u64() != Some(me)),
+        "shmtrace reported its own writes: {fs:?}"
+    );
+    assert!(fs.iter().any(|f| f["pid"].as_u64() == Some(pid)));
+    assert!(
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("--events file stopped")),
+        "{}",
+        r["notes"]
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -15,5 +15,9 @@ int main(void) {
     if (setrlimit(RLIMIT_AS, &r)) { perror("setrlimit"); return 2; }
     void *p = mmap(NULL, 1L << 30, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     printf("{\"errno\":%d}\n", p == MAP_FAILED ? errno : 0);
+    fflush(stdout);
+    /* As a program printing its error does: not gone within milliseconds
+     * (see causes.c). */
+    usleep(300000);
     return p == MAP_FAILED ? 1 : 0;
 }

@@ -244,7 +244,7 @@ async fn run_once(
         }
     };
     let pid = child.id();
-    session.add_existing(pid, capture::monotonic_ns(), true);
+    session.add_started(pid, capture::monotonic_ns(), &opts.command);
 
     let mut child = child;
     let mut waiter = tokio::task::spawn_blocking(move || child.wait());

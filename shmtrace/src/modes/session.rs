@@ -83,6 +83,25 @@ impl Session {
         self.state.add_existing(&mut self.host, pid, ts, root)
     }
 
+    /// Registers the command `run` started (see [`State::add_started`]).
+    pub fn add_started(&mut self, pid: u32, ts: u64, command: &[String]) {
+        let comm: String = command
+            .first()
+            .map(|p| p.rsplit('/').next().unwrap_or(p).chars().take(15).collect())
+            .unwrap_or_default();
+        let cmdline = command
+            .iter()
+            .map(|a| {
+                let s = crate::escape::str(a);
+                if s.contains(' ') { format!("'{s}'") } else { s }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let ns = self.host.self_ns();
+        self.state
+            .add_started(pid, ts, &crate::escape::str(&comm), cmdline, ns);
+    }
+
     /// The --events file cannot take more (its disk is full, say): stop
     /// writing it, say so, and lose nothing else.
     fn events_failed(&mut self, e: std::io::Error) {

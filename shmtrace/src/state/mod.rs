@@ -109,6 +109,18 @@ impl State {
         any
     }
 
+    /// Registers the command `run` just started: nothing to read (it maps
+    /// nothing yet; its exec event brings the rest), so nothing delays the
+    /// first look at its events (a job may be done in milliseconds).
+    pub fn add_started(&mut self, pid: u32, ts: u64, comm: &str, cmdline: String, mnt_ns: u32) {
+        let mut p = Proc::new(pid, std::process::id(), ts);
+        p.comm = comm.to_string();
+        p.cmdline = Some(cmdline);
+        p.root = true;
+        p.mnt_ns = mnt_ns;
+        self.procs.adopted(p);
+    }
+
     pub fn live_pids(&self) -> Vec<u32> {
         self.procs.alive().map(|p| p.pid).collect()
     }
