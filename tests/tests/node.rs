@@ -340,7 +340,7 @@ fn its_own_events_file_on_a_full_tmpfs_neither_feeds_back_nor_loses_the_report()
     let report = dir.join("r.json");
     let events = tiny.join("events.jsonl");
     let mut cleanup = Cleanup::new(None);
-    let mut tracer = start_node_wide(&["--events", events.to_str().unwrap()], &report);
+    let tracer = start_node_wide(&["--events", events.to_str().unwrap()], &report);
     cleanup.pids.push(tracer.id());
     // Enough events to fill 64 KiB many times over.
     let pid = failing_job();
