@@ -157,10 +157,18 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
     let dir = scratch("churn");
     let report = dir.join("r.json");
     let mut cleanup = Cleanup::new(None);
-    let mut tracer = start_node_wide(&[], &report);
+    let port = 21000 + std::process::id() % 1000;
+    let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
     cleanup.pids.push(tracer.id());
     std::thread::sleep(Duration::from_secs(2));
     let before = rss_kib(tracer.id());
+    // Scrapes during the churn: a flood of events must not starve them.
+    let scraper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        let start = Instant::now();
+        let body = http_get(port, "/metrics");
+        (start.elapsed(), body)
+    });
     // A process that lives long enough to be read, with a 64 KiB argument.
     let mut long = Command::new("sh")
         .args(["-c", "sleep 120", "sh"])
@@ -181,6 +189,11 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
         .output()
         .unwrap();
     assert_eq!(truth(&String::from_utf8_lossy(&out.stdout))["done"], 20000);
+    let (took, body) = scraper.join().unwrap();
+    assert!(
+        body.contains("shmtrace_tracked_processes") && took < Duration::from_secs(5),
+        "a scrape during the churn took {took:?}: {body}"
+    );
     std::thread::sleep(Duration::from_secs(3));
     let after = rss_kib(tracer.id());
     signal(tracer.id(), libc::SIGINT);

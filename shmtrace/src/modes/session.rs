@@ -132,6 +132,11 @@ impl Session {
     /// Waits for events (or `tick`) and applies them; once a second,
     /// refreshes attribution and rewrites the report file.
     pub async fn step(&mut self, tick: Duration) {
+        // Under a steady flood the rings are always ready and this future
+        // would never yield: let the runtime's other tasks (the metrics
+        // endpoint, signals) run between batches. Before waiting, so a
+        // caller's select! that drops this future loses no readiness.
+        tokio::task::yield_now().await;
         self.tracer.wait(tick).await;
         self.pump(false);
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
