@@ -202,10 +202,11 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
     let _ = long.wait();
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let procs = r["processes"].as_array().unwrap();
-    // The churn's children exec'd /proc/self/exe: comm "exe".
+    // The churn's children exec'd /proc/self/exe: comm "exe" (other
+    // programs re-exec'ing themselves may run on the node meanwhile).
     let churned = procs.iter().filter(|p| p["comm"] == "exe").count();
     assert!(
-        churned > 0 && churned <= 2048,
+        churned > 0 && churned <= 2048 + 50,
         "{churned} churn processes kept of 20,000"
     );
     assert!(

@@ -57,18 +57,7 @@ enum Mode {
 }
 
 pub fn run(root: &Path, rounds: usize) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
-        bail!("the benchmark loads eBPF programs: run it as root");
-    }
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "--quiet", "-p", "shmtrace"])
-        .current_dir(root)
-        .status()?;
-    if !st.success() {
-        bail!("building shmtrace failed");
-    }
-    let shmtrace = root.join("target/release/shmtrace");
+    let shmtrace = crate::release_shmtrace(root, "the benchmark")?;
     let out = root.join("target/bench");
     std::fs::create_dir_all(&out)?;
     let mut exes = Vec::new();
@@ -218,8 +207,6 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }

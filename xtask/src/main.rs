@@ -60,6 +60,24 @@ fn cargo(args: &[&str], dir: Option<&str>, bootstrap: bool) -> Result<()> {
     Ok(())
 }
 
+/// Refuses to go on unless root (`what` needs to load eBPF programs), then
+/// builds the release shmtrace and returns its path.
+fn release_shmtrace(root: &std::path::Path, what: &str) -> Result<std::path::PathBuf> {
+    let uid = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string));
+    if uid.as_deref() != Some("0") {
+        bail!("{what} loads eBPF programs: run it as root");
+    }
+    cargo(
+        &["build", "--release", "--quiet", "-p", "shmtrace"],
+        root.to_str(),
+        false,
+    )?;
+    Ok(root.join("target/release/shmtrace"))
+}
+
 fn main() -> Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     match Cli::parse().cmd {

@@ -29,20 +29,7 @@ use anyhow::{Context, Result, bail};
 const PORT: u16 = 19399;
 
 pub fn run(root: &Path, minutes: f64, every: u64) -> Result<()> {
-    if std::fs::read_to_string("/proc/self/status")?
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .is_none_or(|l| l.split_whitespace().nth(1) != Some("0"))
-    {
-        bail!("soak loads eBPF programs node-wide: run it as root");
-    }
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "--quiet", "-p", "shmtrace"])
-        .current_dir(root)
-        .status()?;
-    if !st.success() {
-        bail!("building shmtrace failed");
-    }
+    let shmtrace = crate::release_shmtrace(root, "the soak")?;
     let out = root.join("target/soak");
     std::fs::create_dir_all(&out)?;
     let mut exes = Vec::new();
@@ -61,7 +48,7 @@ pub fn run(root: &Path, minutes: f64, every: u64) -> Result<()> {
     }
     let (churn, noise) = (exes[0].clone(), exes[1].clone());
     let report = out.join("report.json");
-    let mut tracer = Command::new(root.join("target/release/shmtrace"))
+    let mut tracer = Command::new(shmtrace)
         .args(["--quiet", "--ns-grace", "1", "--metrics"])
         .arg(format!("127.0.0.1:{PORT}"))
         .arg("--report")

@@ -154,20 +154,13 @@ fn failures_carry_their_container_from_the_cgroup_id() {
     h.cgroup_id = 555;
     st.apply(&Event::Fork { h, child: 91 }, &mut host);
     st.apply(
-        &Event::SyscallFailed {
-            h: s.h(90, 1),
-            limits: None,
-            mnt_flags: 0,
-            errno: libc::ENOSPC,
-            call: FailedCall::OnFile {
-                syscall: Syscall::Write,
-                prot: None,
-                fd: 1,
-                offset: Some(0),
-                bytes: Some(4096),
-                file: file(8, "x", 0, 0, 16384),
-            },
-        },
+        &enospc(
+            s.h(90, 1),
+            Syscall::Write,
+            1,
+            4096,
+            file(8, "x", 0, 0, 16384),
+        ),
         &mut host,
     );
     // Each header is the truth at its event: this one came from the root cgroup.
@@ -253,23 +246,7 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
     // one that failed early and must stay in the report.
     let mut f = file(1, "x", 0, 0, 0);
     f.unlinked = true;
-    st.apply(
-        &Event::SyscallFailed {
-            h: s.h(7, 1),
-            limits: None,
-            mnt_flags: 0,
-            errno: libc::ENOSPC,
-            call: FailedCall::OnFile {
-                syscall: Syscall::Fallocate,
-                prot: None,
-                fd: 3,
-                offset: Some(0),
-                bytes: Some(MIB),
-                file: f,
-            },
-        },
-        &mut host,
-    );
+    st.apply(&enospc(s.h(7, 1), Syscall::Fallocate, 3, MIB, f), &mut host);
     st.apply(
         &Event::Exit {
             h: s.h(7, 1),

@@ -57,6 +57,24 @@ pub fn file(ino: u64, name: &str, size: i64, allocated: u64, used_pages: u64) ->
     }
 }
 
+/// `syscall` on fd `fd` of `file` asked for `bytes` at offset 0 and got ENOSPC.
+pub fn enospc(h: Header, syscall: Syscall, fd: i32, bytes: u64, file: FileRef) -> Event {
+    Event::SyscallFailed {
+        h,
+        limits: None,
+        mnt_flags: 0,
+        errno: libc::ENOSPC,
+        call: FailedCall::OnFile {
+            syscall,
+            prot: None,
+            fd,
+            offset: Some(0),
+            bytes: Some(bytes),
+            file,
+        },
+    }
+}
+
 pub fn setup() -> (State, Fixture, Stream) {
     let mut host = Fixture::with_shm(SHM, 64 * MIB);
     let st = State::new(0, &mut host);
@@ -220,20 +238,13 @@ fn a_sigbus_on_a_mapping_made_before_tracing_is_resolved_through_the_host() {
 fn fallocate_enospc_names_file_request_and_free_space() {
     let (mut st, mut host, mut s) = setup();
     st.apply(
-        &Event::SyscallFailed {
-            h: s.h(30, 1),
-            limits: None,
-            mnt_flags: 0,
-            errno: libc::ENOSPC,
-            call: FailedCall::OnFile {
-                syscall: Syscall::Fallocate,
-                prot: None,
-                fd: 4,
-                offset: Some(0),
-                bytes: Some(32 * MIB),
-                file: file(7, "torch_30_9", 0, 0, 8192),
-            },
-        },
+        &enospc(
+            s.h(30, 1),
+            Syscall::Fallocate,
+            4,
+            32 * MIB,
+            file(7, "torch_30_9", 0, 0, 8192),
+        ),
         &mut host,
     );
     let f = &st.failures.all()[0];
