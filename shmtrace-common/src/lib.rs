@@ -249,7 +249,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 48 * 4);
+    assert!(size_of::<KernelOffsets>() == 52 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -317,7 +317,21 @@ pub struct KernelOffsets {
     /// file.f_path.mnt and vfsmount.mnt_flags: noexec at a failed mmap.
     pub file_mnt: u32,
     pub vfsmount_flags: u32,
+    /// mount.mnt (the embedded vfsmount), mount.mnt_parent,
+    /// mount.mnt_mountpoint and vfsmount.mnt_root: the failing file's mount
+    /// point, read in the kernel (the namespace may be gone by the time
+    /// user space could read its mount table).
+    pub mount_mnt: u32,
+    pub mount_parent: u32,
+    pub mount_mountpoint: u32,
+    pub vfsmount_root: u32,
 }
+
+/// In a failure record on a tmpfs fd, `path` holds the file's mount point
+/// as [`MOUNTPOINT_NAMES`] names of [`MOUNTPOINT_NAME_LEN`] bytes, leaf
+/// first ("shm", "dev": /dev/shm); empty when unknown or deeper.
+pub const MOUNTPOINT_NAMES: usize = 4;
+pub const MOUNTPOINT_NAME_LEN: usize = PATH_LEN / MOUNTPOINT_NAMES;
 
 impl KernelOffsets {
     pub const MISSING: u32 = u32::MAX;

@@ -55,6 +55,10 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     mm_map_count: M,
     file_mnt: M,
     vfsmount_flags: M,
+    mount_mnt: M,
+    mount_parent: M,
+    mount_mountpoint: M,
+    vfsmount_root: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.
@@ -237,6 +241,48 @@ pub fn fill_limits(l: &mut shmtrace_common::ProcLimits) {
 #[inline(always)]
 pub fn file_mnt_flags(file: u64) -> u32 {
     read::<u32>(read_ptr(file, off!(file_mnt)), off!(vfsmount_flags)).unwrap_or(0)
+}
+
+/// The mount point of `file`'s mount, as names from the leaf up (see
+/// `shmtrace_common::MOUNTPOINT_NAMES`); left empty when it is deeper.
+#[inline(always)]
+pub fn fill_mountpoint(out: &mut [u8; shmtrace_common::PATH_LEN], file: u64) {
+    use shmtrace_common::{MOUNTPOINT_NAME_LEN as LEN, MOUNTPOINT_NAMES as N};
+    let vfsmnt = read_ptr(file, off!(file_mnt));
+    let (m_mnt, m_parent, m_point) = (off!(mount_mnt), off!(mount_parent), off!(mount_mountpoint));
+    if vfsmnt == 0 || m_mnt == M || m_parent == M || m_point == M {
+        return;
+    }
+    // SAFETY: [u8; N * LEN] and [[u8; LEN]; N] have the same size and
+    // alignment; the borrow of `out` keeps it exclusive.
+    let slots =
+        unsafe { &mut *(out as *mut [u8; shmtrace_common::PATH_LEN]).cast::<[[u8; LEN]; N]>() };
+    let mut mnt = vfsmnt - m_mnt as u64;
+    let mut slot = 0usize;
+    // Up to 8 mounts up (stacked mounts count), each up to 4 dentries to
+    // its parent mount's root.
+    for _ in 0..8 {
+        let parent = read_ptr(mnt, m_parent);
+        if parent == 0 || parent == mnt {
+            return; // the namespace's root: done
+        }
+        let root = read_ptr(parent + m_mnt as u64, off!(vfsmount_root));
+        let mut d = read_ptr(mnt, m_point);
+        for _ in 0..4 {
+            if d == 0 || d == root {
+                break;
+            }
+            if slot >= N {
+                slots[0][0] = 0; // deeper than we keep: unknown
+                return;
+            }
+            read_name(d, &mut slots[slot]);
+            slot += 1;
+            d = read_ptr(d, off!(dentry_parent));
+        }
+        mnt = parent;
+    }
+    slots[0][0] = 0;
 }
 
 /// The kernel dev of superblock `sb` (0 when unknown).

@@ -217,6 +217,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     if inode != 0 {
         kernel::fill_file_info(&mut ev.file, file, inode);
         ev.limits.mnt_flags = kernel::file_mnt_flags(file);
+        kernel::fill_mountpoint(&mut ev.path, file);
         if nr == nr!(write) || nr == nr!(writev) {
             // No offset argument: where the file position stood.
             ev.args[3] = kernel::read::<i64>(file, off!(file_pos)).unwrap_or(0) as u64;

@@ -189,6 +189,9 @@ pub enum FailedCall {
         bytes: Option<u64>,
         /// mmap's protection bits.
         prot: Option<u64>,
+        /// The file's mount point as the kernel saw it (escaped), for when
+        /// its namespace's mount table cannot be read any more.
+        mountpoint: Option<String>,
         file: FileRef,
     },
 }

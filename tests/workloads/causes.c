@@ -58,9 +58,10 @@ int main(int argc, char **argv) {
     }
     printf("{\"errno\":%d,\"limit\":%ld}\n", err, lim);
     fflush(stdout);
-    /* As a program printing its error does: not gone within microseconds.
-     * (A job whose namespace is gone before shmtrace reads its mount table
-     * loses the mount point of its paths: see the closing notes.) */
+    /* As a program printing its error does: not gone within milliseconds.
+     * (An open() that fails has no file: whether its path is on a tmpfs
+     * needs the namespace's mount table, which a job gone in milliseconds
+     * takes with it.) */
     usleep(300000);
     return err ? 1 : 0;
 }

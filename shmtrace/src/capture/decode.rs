@@ -216,6 +216,7 @@ impl Decoder {
                     offset,
                     bytes,
                     prot: (syscall == Syscall::Mmap).then_some(a[2]),
+                    mountpoint: mountpoint(&ev.path),
                     file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
                 }
             }
@@ -244,6 +245,24 @@ fn mount_pages(f: &wire::FileInfo) -> Option<MountPages> {
 }
 
 /// The file part of a record, when the programs filled it (a tmpfs fd).
+/// "/dev/shm" from the names the kernel wrote leaf first ("shm", "dev").
+fn mountpoint(path: &[u8; wire::PATH_LEN]) -> Option<String> {
+    let names: Vec<String> = path
+        .chunks(wire::MOUNTPOINT_NAME_LEN)
+        .take_while(|c| c[0] != 0)
+        .map(crate::escape::bytes)
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    Some(
+        names
+            .iter()
+            .rev()
+            .fold(String::new(), |p, n| format!("{p}/{n}")),
+    )
+}
+
 fn limits(l: &wire::ProcLimits) -> Option<KernelLimits> {
     let finite = |v: u64| (v != u64::MAX).then_some(v);
     (l.valid != 0).then(|| KernelLimits {
@@ -316,6 +335,17 @@ pub mod wire_builder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn mount_points_are_joined_leaf_last() {
+        let mut p = [0u8; wire::PATH_LEN];
+        p[..3].copy_from_slice(b"shm");
+        p[32..35].copy_from_slice(b"dev");
+        assert_eq!(mountpoint(&p).as_deref(), Some("/dev/shm"));
+        p[64..68].copy_from_slice(b"a\nb\0");
+        assert_eq!(mountpoint(&p).as_deref(), Some("/a\\x0ab/dev/shm"));
+        assert_eq!(mountpoint(&[0u8; wire::PATH_LEN]), None);
+    }
+
     use super::{wire_builder::*, *};
 
     #[test]

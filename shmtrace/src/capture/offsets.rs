@@ -80,6 +80,10 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         mm_map_count: get("mm_struct", "map_count", false),
         file_mnt: get("file", "f_path.mnt", false),
         vfsmount_flags: get("vfsmount", "mnt_flags", false),
+        mount_mnt: get("mount", "mnt", false),
+        mount_parent: get("mount", "mnt_parent", false),
+        mount_mountpoint: get("mount", "mnt_mountpoint", false),
+        vfsmount_root: get("vfsmount", "mnt_root", false),
     };
     if !missing_required.is_empty() {
         bail!(

@@ -58,6 +58,15 @@ pub async fn doctor() -> Result<i32> {
         cap(19, "CAP_SYS_PTRACE"),
         cap(21, "CAP_SYS_ADMIN")
     );
+    let pids = preflight::PidView::detect();
+    let _ = writeln!(
+        s,
+        "pid ns       {}",
+        match pids.note() {
+            None => "the host's: every process is visible".to_string(),
+            Some(n) => n,
+        }
+    );
     let tracefs_before = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .into_iter()
         .find(|p| std::path::Path::new(p).join("events").is_dir());

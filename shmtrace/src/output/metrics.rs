@@ -332,6 +332,7 @@ mod tests {
                         offset: Some(0),
                         bytes: Some(1 << 20),
                         prot: None,
+                        mountpoint: None,
                         file: file.clone(),
                     },
                 },

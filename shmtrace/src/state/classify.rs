@@ -248,6 +248,7 @@ impl State {
                 offset,
                 bytes,
                 prot,
+                mountpoint,
                 file,
                 ..
             } => {
@@ -263,6 +264,16 @@ impl State {
                 f.file_size = Some(file.size);
                 f.unlinked = Some(file.unlinked);
                 f.mount = self.mount_state(host, file.dev, h.mnt_ns, h.pid, Some(file.mount));
+                // The namespace's mount table was out of reach (a job gone
+                // in milliseconds): the mount point the kernel read.
+                if let (Some(mp), Some(name)) = (mountpoint, file.name.as_deref())
+                    && self.mounts.by_dev(file.dev).is_none()
+                {
+                    f.path = Some(format!("{mp}/{name}"));
+                    if let Some(m) = f.mount.as_mut() {
+                        m.mountpoint.get_or_insert_with(|| mp.clone());
+                    }
+                }
                 // memfd_create names its files "memfd:NAME"; noexec from the
                 // kernel's view of the fd's mount, else the mount table.
                 let memfd = file

@@ -67,6 +67,7 @@ pub fn enospc(h: Header, syscall: Syscall, fd: i32, bytes: u64, file: FileRef) -
         call: FailedCall::OnFile {
             syscall,
             prot: None,
+            mountpoint: None,
             fd,
             offset: Some(0),
             bytes: Some(bytes),
