@@ -210,6 +210,11 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
         "{churned} churn processes kept of 20,000"
     );
     assert!(
+        r["dropped"]["exited_processes"].as_u64() >= Some(20_000 - 2_048 - 100),
+        "{}",
+        r["dropped"]
+    );
+    assert!(
         procs.len() < 20_000 / 2,
         "{} processes in the report",
         procs.len()

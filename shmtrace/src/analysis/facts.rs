@@ -51,6 +51,19 @@ pub struct TreeReport {
 
 pub const SCHEMA: u32 = 1;
 
+/// Counts of what the state's caps let go of.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Dropped {
+    /// Exited processes no failure named, beyond the most recent 2,048.
+    pub exited_processes: u64,
+    /// Distinct failures beyond the first 1,000 (their repeats included).
+    pub failures: u64,
+    /// Kinds of other SIGBUS beyond the first 256.
+    pub other_sigbus: u64,
+    /// Files nobody held, beyond 16,384 tracked.
+    pub files: u64,
+}
+
 #[derive(Serialize)]
 pub struct Exit {
     pub code: Option<i32>,
@@ -88,6 +101,9 @@ pub struct Facts {
     /// Reads of /proc, statfs and stat that hung (a stuck mount or
     /// process) and were given up, or skipped after one did.
     pub host_reads: Stalls,
+    /// What the bounded state let go of: nothing grows without bound, and
+    /// nothing goes uncounted.
+    pub dropped: Dropped,
     pub events_received: u64,
     pub events_by_kind: BTreeMap<String, u64>,
     pub exit: Option<Exit>,
@@ -128,6 +144,12 @@ impl Facts {
             lost: ctx.counters.lost,
             suppressed: ctx.counters.suppressed,
             host_reads: ctx.host_stalls,
+            dropped: Dropped {
+                exited_processes: st.procs.forgotten,
+                failures: st.failures.dropped,
+                other_sigbus: st.failures.other_dropped,
+                files: st.files.dropped,
+            },
             events_received: st.evidence.events_seen,
             events_by_kind: st
                 .evidence

@@ -275,6 +275,14 @@ fn lost_line(s: &mut String, r: &Report) {
             who.join("; ")
         );
     }
+    let d = &r.dropped;
+    if d.failures + d.other_sigbus + d.files > 0 {
+        let _ = writeln!(
+            s,
+            "  let go         {} failures, {} kinds of other SIGBUS, {} unheld files over the caps (memory stays bounded; counts are exact)",
+            d.failures, d.other_sigbus, d.files
+        );
+    }
     let stalls = &r.host_reads;
     if stalls.timed_out + stalls.skipped > 0 {
         let _ = writeln!(
