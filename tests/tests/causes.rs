@@ -25,6 +25,11 @@ fn check(t: &Traced, reason: &str, errno: i64, fix_has: &str) -> Value {
     assert_eq!(f["reason"], reason, "{f}\n{}", t.stderr());
     assert_eq!(f["errno"].as_i64(), Some(errno), "{f}");
     let d = &t.report["diagnosis"];
+    assert_eq!(
+        d["signature"],
+        format!("shm:{}", reason.replace('_', "-")),
+        "{d}"
+    );
     assert!(
         d["recommended_shm_bytes"].is_null(),
         "no /dev/shm size: {d}"

@@ -16,7 +16,8 @@ const PREFETCH: u64 = 2;
 #[derive(Clone, Debug, Serialize)]
 pub struct Diagnosis {
     /// Stable identifier: "pytorch-dataloader:sigbus", "pytorch-dataloader:enospc-fallocate",
-    /// "shm:sigbus", "shm:enospc-write", "shm:mmap-error", "memcg:oom-kill", ...
+    /// "shm:sigbus", "shm:enospc-write", "memcg:oom-kill"; when /dev/shm did
+    /// not run out, the cause: "shm:address-space-limit", "shm:noexec", ...
     pub signature: String,
     pub framework: Option<String>,
     /// The diagnosis in one paragraph.
@@ -61,6 +62,15 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
         ("oom_kill", _) => "oom-kill".to_string(),
         (k, Some(sc)) => format!("{}-{sc}", k.replace('_', "-")),
         (k, None) => k.replace('_', "-"),
+    };
+    // A cause other than a full tmpfs is named by that cause.
+    let what = if first.reason.tmpfs_ran_out() || first.kind == "oom_kill" {
+        what
+    } else {
+        serde_json::to_value(first.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(|r| r.replace('_', "-")))
+            .unwrap_or(what)
     };
     let signature = match (first.kind, pytorch) {
         ("oom_kill", _) => format!("memcg:{what}"),
