@@ -67,10 +67,7 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
     let what = if first.reason.tmpfs_ran_out() || first.kind == "oom_kill" {
         what
     } else {
-        serde_json::to_value(first.reason)
-            .ok()
-            .and_then(|v| v.as_str().map(|r| r.replace('_', "-")))
-            .unwrap_or(what)
+        first.reason.name().replace('_', "-")
     };
     let signature = match (first.kind, pytorch) {
         ("oom_kill", _) => format!("memcg:{what}"),
@@ -305,10 +302,7 @@ fn recommend(r: &Facts, pytorch: bool) -> (Option<u64>, Option<String>) {
             None,
             Some(format!(
                 "not a /dev/shm size: the failure was {}",
-                serde_json::to_value(first.reason)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
+                first.reason.name()
             )),
         );
     }

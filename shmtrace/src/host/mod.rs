@@ -8,6 +8,7 @@ pub mod blocking;
 #[cfg(test)]
 pub mod fixture;
 pub mod proc;
+pub mod procfs;
 
 pub use proc::ProcHost;
 

@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::{
     capture::{Tracer, preflight},
-    host::proc::statfs_path,
+    host::procfs::statfs_path,
     state::mounts,
     units::human_bytes,
 };

@@ -12,7 +12,7 @@ use tokio::{
 use super::session::{Outputs, Session};
 use crate::{
     capture,
-    host::proc::all_pids,
+    host::procfs::all_pids,
     output::{
         metrics,
         serve::{self, Render},

@@ -8,7 +8,7 @@ use shmtrace_common::traced;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::session::{Outputs, Session};
-use crate::{Fail, capture, host::proc::descendants};
+use crate::{Fail, capture, host::procfs::descendants};
 
 pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     if pid == std::process::id() {

@@ -126,13 +126,6 @@ fn pod(c: Option<&Container>, names: &mut PodNames) -> Pod {
     }
 }
 
-fn name_of<T: serde::Serialize>(v: T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// The metrics as they stand, in the OpenMetrics text format.
 pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
     let mut reg = Registry::default();
@@ -219,7 +212,7 @@ pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
     for f in st.failures.all() {
         failures
             .get_or_create(&FailureLabels {
-                reason: name_of(f.reason),
+                reason: f.reason.name().to_string(),
                 kind: f.kind.to_string(),
                 pod: pod(f.container.as_ref(), names),
             })

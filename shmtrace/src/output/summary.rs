@@ -40,10 +40,7 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             s,
             "shmtrace: a shared-memory call failed, but not for want of /dev/shm space ({}); the first process to fail was {}",
-            serde_json::to_value(first.reason)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
+            first.reason.name(),
             who(first.pid, &first.comm)
         );
     }

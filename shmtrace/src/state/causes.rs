@@ -8,9 +8,8 @@ use serde::Serialize;
 
 use crate::{event::Syscall, host::Limits, units::human_bytes};
 
-/// The cause, as a stable name (JSON `reason`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// The cause, as a stable name (JSON `reason`, see [`Reason::name`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
     /// The tmpfs had no free page (its size= limit).
     TmpfsFull,
@@ -46,7 +45,36 @@ pub enum Reason {
     Other,
 }
 
+impl Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl Reason {
+    /// The stable name: in the report, metrics labels and signatures.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TmpfsFull => "tmpfs_full",
+            Self::TmpfsInodes => "tmpfs_inodes",
+            Self::Quota => "quota",
+            Self::AddressSpaceLimit => "address_space_limit",
+            Self::MapCountLimit => "map_count_limit",
+            Self::OutOfMemory => "out_of_memory",
+            Self::MemcgLimit => "memcg_limit",
+            Self::OomKill => "oom_kill",
+            Self::Noexec => "noexec",
+            Self::Sealed => "sealed",
+            Self::PermissionDenied => "permission_denied",
+            Self::FileSizeLimit => "file_size_limit",
+            Self::FdLimit => "fd_limit",
+            Self::SystemFdLimit => "system_fd_limit",
+            Self::InvalidArgument => "invalid_argument",
+            Self::HardwareError => "hardware_error",
+            Self::Other => "other",
+        }
+    }
+
     /// Whether a bigger (or differently sized) tmpfs is the fix.
     pub fn tmpfs_ran_out(self) -> bool {
         matches!(self, Self::TmpfsFull | Self::TmpfsInodes)

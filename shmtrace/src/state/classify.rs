@@ -10,7 +10,7 @@ use super::{
     mappings::Mapping,
 };
 use crate::{
-    event::{Dev, Event, FailedCall, Header, MountPages, Syscall},
+    event::{Event, FailedCall, Header, Syscall},
     host::Host,
     signals,
     units::human_bytes,
@@ -391,89 +391,5 @@ impl State {
             None => self.container_of_pid(host, f.pid),
         };
         self.failures.recorded(f);
-    }
-
-    /// "/dev/shm/name" from a device and the kernel's name for the file.
-    fn file_path(
-        &mut self,
-        host: &mut dyn Host,
-        dev: Dev,
-        name: Option<&str>,
-        h: &Header,
-    ) -> Option<String> {
-        let name = name?;
-        self.ensure_mount(host, dev, h.mnt_ns, h.pid);
-        Some(self.mounts.path_of(dev, name))
-    }
-
-    /// Resolves an open*() path to an absolute path on a tmpfs mount.
-    fn resolve_open_path(
-        &mut self,
-        host: &mut dyn Host,
-        h: &Header,
-        dirfd: Option<i32>,
-        path: &str,
-    ) -> Option<(String, Dev)> {
-        let abs = if path.starts_with('/') {
-            path.to_string()
-        } else {
-            format!("{}/{path}", host.dir_of(h.pid, dirfd)?)
-        };
-        // Mounts change (unshare + mount): read them fresh for a failure.
-        self.refresh_mounts(host, h.mnt_ns, h.pid);
-        let m = self.mounts.for_path(h.mnt_ns, &abs)?;
-        m.is_tmpfs().then(|| (crate::escape::str(&abs), m.dev))
-    }
-
-    /// Size and use of mount `dev` at the event: the kernel's superblock
-    /// counters read by the eBPF program at that instant when the event
-    /// carries them, else statfs right now (exact, but later: a process that
-    /// died since may have freed its pages). Inode counts come from statfs.
-    fn mount_state(
-        &mut self,
-        host: &mut dyn Host,
-        dev: Dev,
-        ns: u32,
-        pid: u32,
-        kernel: Option<MountPages>,
-    ) -> Option<MountAtFailure> {
-        self.ensure_mount(host, dev, ns, pid);
-        let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
-        let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
-        let mut out = MountAtFailure {
-            mountpoint: mountpoint.as_deref().map(crate::escape::str),
-            dev: dev.to_string(),
-            mount_ns: ns,
-            size_bytes: None,
-            used_bytes: None,
-            free_bytes: None,
-            inodes: None,
-            inodes_used: None,
-            source: "none",
-        };
-        if let Some(mp) = &mountpoint {
-            let mut via = vec![pid];
-            via.extend(self.members_of(ns));
-            if let Some(u) = host.statfs(dev, ns, mp, &via) {
-                out.size_bytes = Some(u.size_bytes);
-                out.used_bytes = Some(u.used_bytes);
-                out.free_bytes = Some(u.free_bytes());
-                out.inodes = Some(u.inodes);
-                out.inodes_used = Some(u.inodes_used);
-                out.source = "statfs";
-            }
-        }
-        if let Some(k) = kernel
-            && k.dev == dev
-            && k.max_pages > 0
-        {
-            let size = k.max_pages * PAGE;
-            let used = (k.used_pages * PAGE).min(size);
-            out.size_bytes = Some(size);
-            out.used_bytes = Some(used);
-            out.free_bytes = Some(size - used);
-            out.source = "kernel";
-        }
-        Some(out)
     }
 }

@@ -9,6 +9,7 @@ pub mod containers;
 pub mod evidence;
 pub mod failures;
 pub mod files;
+pub mod locate;
 pub mod mappings;
 pub mod mounts;
 pub mod procs;
