@@ -209,10 +209,15 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
         churned > 0 && churned <= 2048 + 50,
         "{churned} churn processes kept of 20,000"
     );
+    // A process whose fork record was lost to a full ring was never in the
+    // state to be dropped: the bound is on what was seen, losses counted.
+    let lost = r["lost_events"].as_u64().unwrap();
+    let dropped = r["dropped"]["exited_processes"].as_u64().unwrap();
     assert!(
-        r["dropped"]["exited_processes"].as_u64() >= Some(20_000 - 2_048 - 100),
-        "{}",
-        r["dropped"]
+        dropped >= 10_000 && dropped + lost >= 20_000 - 2_048 - 100,
+        "{} with {lost} events lost ({})",
+        r["dropped"],
+        r["lost"]
     );
     assert!(
         procs.len() < 20_000 / 2,

@@ -158,7 +158,12 @@ impl State {
         }
         match ev {
             Event::Fork { h, child } => {
-                self.procs.forked(h, *child);
+                // A reused pid: the old process's totals must not become
+                // the new one's.
+                if self.procs.forked(h, *child) {
+                    self.files.forget_pid(*child);
+                    self.containers.forget(*child);
+                }
                 self.maps.forked(h.pid, *child);
                 self.files.forked(h.pid, *child);
                 self.containers.inherit(h.pid, *child);

@@ -128,13 +128,21 @@ impl ProcessTree {
     }
 
     /// `parent` forked `child`: the child starts with the parent's command line.
-    pub fn forked(&mut self, h: &Header, child: u32) {
+    /// Returns true when the pid was reused: an exited process of that pid
+    /// was still kept, and is now forgotten (counted) like a reaped one.
+    pub fn forked(&mut self, h: &Header, child: u32) -> bool {
+        let reused = self.procs.get(&child).is_some_and(|p| !p.alive());
+        if reused {
+            self.forgotten += 1;
+            self.exit_order.retain(|&pid| pid != child);
+        }
         let mut p = Proc::new(child, h.pid, h.ts_ns);
         p.comm.clone_from(&h.comm);
         p.mnt_ns = h.mnt_ns;
         p.cgroup_id = h.cgroup_id;
         p.cmdline = self.procs.get(&h.pid).and_then(|pp| pp.cmdline.clone());
         self.procs.insert(child, p);
+        reused
     }
 
     pub fn execed(&mut self, pid: u32, cmdline: String) {
@@ -347,6 +355,21 @@ mod tests {
         // A reused pid is a new, live process.
         t.seen(&h(5, 1, 10_000));
         assert!(t.get(5).unwrap().alive());
+    }
+
+    #[test]
+    fn a_fork_that_reuses_an_exited_pid_forgets_the_old_process() {
+        let mut t = ProcessTree::default();
+        t.seen(&h(10, 1, 0));
+        assert!(!t.forked(&h(10, 1, 1), 11));
+        t.exited(11, 2, ExitStatus::from_kernel(0));
+        // pid_max wrapped: 11 is someone else now, counted as forgotten.
+        assert!(t.forked(&h(10, 1, 3), 11));
+        assert_eq!(t.forgotten, 1);
+        assert!(t.get(11).unwrap().alive());
+        // Its old exit is no longer queued for reaping.
+        t.exited(11, 4, ExitStatus::from_kernel(0));
+        assert_eq!(t.exit_order.len(), 1);
     }
 
     #[test]
