@@ -179,6 +179,7 @@ fn mounts(st: &State) -> Vec<MountReport> {
                 let a = at.clone().expect("a touched mount");
                 MountStat {
                     mountpoint: a.mountpoint,
+                    host_mountpoint: a.host_mountpoint,
                     dev: a.dev,
                     mount_ns: a.mount_ns,
                     size_bytes: a.size_bytes,

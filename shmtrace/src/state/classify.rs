@@ -274,6 +274,12 @@ impl State {
                         m.mountpoint.get_or_insert_with(|| mp.clone());
                     }
                 }
+                if let (Some(hm), Some(name)) = (
+                    f.mount.as_ref().and_then(|m| m.host_mountpoint.as_ref()),
+                    file.name.as_deref(),
+                ) {
+                    f.host_path = Some(format!("{hm}/{name}"));
+                }
                 // memfd_create names its files "memfd:NAME"; noexec from the
                 // kernel's view of the fd's mount, else the mount table.
                 let memfd = file

@@ -17,7 +17,11 @@ use crate::{
 /// A tmpfs mount as it stood when a failure happened.
 #[derive(Clone, Debug, Serialize)]
 pub struct MountAtFailure {
+    /// As the failing process sees it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
+    /// Where the host has it, when that differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_mountpoint: Option<String>,
     pub dev: String,
     pub mount_ns: u32,
     pub size_bytes: Option<u64>,
@@ -57,7 +61,11 @@ pub struct Failure {
     pub si_code: Option<i32>,
     pub si_code_name: Option<&'static str>,
     pub fault_addr: Option<String>,
+    /// As the failing process sees it (`/dev/shm/...` in a container).
     pub path: Option<String>,
+    /// The same file from the host, when that differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
     pub dev: Option<String>,
     #[serde(skip)]
     pub kdev: Option<Dev>,
@@ -112,6 +120,7 @@ impl Failure {
             si_code_name: None,
             fault_addr: None,
             path: None,
+            host_path: None,
             dev: None,
             kdev: None,
             ino: None,
@@ -308,6 +317,7 @@ mod tests {
     fn at(dev: u32, used: u64) -> MountAtFailure {
         MountAtFailure {
             mountpoint: Some("/dev/shm".into()),
+            host_mountpoint: None,
             dev: Dev(dev).to_string(),
             mount_ns: 1,
             size_bytes: Some(100),

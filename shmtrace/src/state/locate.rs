@@ -20,7 +20,10 @@ impl State {
     ) -> Option<String> {
         let name = name?;
         self.ensure_mount(host, dev, h.mnt_ns, h.pid);
-        Some(self.mounts.path_of(dev, name))
+        Some(
+            self.mounts
+                .path_of(dev, name, Some(h.mnt_ns), host.self_ns()),
+        )
     }
 
     /// Resolves an open*() path to an absolute path on a tmpfs mount.
@@ -55,10 +58,23 @@ impl State {
         kernel: Option<MountPages>,
     ) -> Option<MountAtFailure> {
         self.ensure_mount(host, dev, ns, pid);
-        let mountpoint = self.mounts.by_dev(dev).map(|m| m.mountpoint.clone());
-        let ns = self.mounts.ns_of_dev(dev).unwrap_or(ns);
+        // Shown as the failing process sees it; measured where the path
+        // and the namespace agree (the host's view, or the process's).
+        let self_ns = host.self_ns();
+        let shown = self
+            .mounts
+            .view(dev, Some(ns), self_ns)
+            .map(|m| m.mountpoint.clone());
+        let host_mountpoint = shown
+            .as_deref()
+            .and_then(|s| self.mounts.host_mountpoint(dev, self_ns, s));
+        let (ns, mountpoint) = match self.mounts.measure_at(dev) {
+            Some((ns, m)) => (ns, Some(m.mountpoint.clone())),
+            None => (ns, shown.clone()),
+        };
         let mut out = MountAtFailure {
-            mountpoint: mountpoint.as_deref().map(crate::escape::str),
+            mountpoint: shown.as_deref().map(crate::escape::str),
+            host_mountpoint,
             dev: dev.to_string(),
             mount_ns: ns,
             size_bytes: None,

@@ -376,10 +376,9 @@ impl State {
         // Nobody holds them: the name tells whether they are still there
         // (else they were unlinked, and tmpfs freed them).
         for (key, rel) in self.files.unheld_named() {
-            let Some(m) = self.mounts.by_dev(key.0) else {
+            let Some((ns, m)) = self.mounts.measure_at(key.0) else {
                 continue;
             };
-            let ns = self.mounts.ns_of_dev(key.0).unwrap_or(host.self_ns());
             let found = host.lookup(key.0, ns, &m.mountpoint, &rel);
             self.files.looked_up(key, found);
         }
@@ -420,13 +419,16 @@ impl State {
         // Mounts of namespaces let go (node-wide) leave the metrics.
         self.mount_stats.retain(&devs);
         for dev in devs {
-            let Some(m) = self.mounts.by_dev(dev).cloned() else {
+            let Some((ns, m)) = self.mounts.measure_at(dev).map(|(ns, m)| (ns, m.clone())) else {
                 continue;
             };
-            let ns = self.mounts.ns_of_dev(dev).unwrap_or(host.self_ns());
             let usage = host.statfs(dev, ns, &m.mountpoint, &self.members_of(ns));
             let tracked = self.files.bytes_on(dev);
-            self.mount_stats.observe(&m, ns, usage, tracked);
+            let self_ns = host.self_ns();
+            let shown = self.mounts.view(dev, None, self_ns).cloned().unwrap_or(m);
+            let host_mp = self.mounts.host_mountpoint(dev, self_ns, &shown.mountpoint);
+            self.mount_stats
+                .observe(&shown, host_mp, ns, usage, tracked);
         }
         for pid in self.procs.pids() {
             let b = self.files.bytes.get(&pid).copied().unwrap_or_default();

@@ -140,22 +140,53 @@ impl MountTables {
             .collect()
     }
 
-    /// A namespace where tmpfs `dev` is visible at its mountpoint (where to
-    /// measure it): copies of a namespace also list mounts that a later
-    /// mount on the same point hides.
-    pub fn ns_of_dev(&self, dev: Dev) -> Option<u32> {
-        let mut found: Vec<u32> = self
-            .by_ns
+    /// `dev` as namespace `ns` sees it: its mount there when visible at its
+    /// mountpoint (copies of a namespace also list mounts that a later
+    /// mount on the same point hides).
+    pub fn visible_in(&self, ns: u32, dev: Dev) -> Option<&Mount> {
+        self.by_ns
+            .get(&ns)?
             .iter()
-            .filter(|(ns, ms)| {
-                ms.iter().any(|m| {
-                    m.dev == dev && self.for_path(**ns, &m.mountpoint).map(|t| t.dev) == Some(dev)
-                })
-            })
-            .map(|(&ns, _)| ns)
-            .collect();
-        found.sort();
-        found.first().copied()
+            .find(|m| m.dev == dev && self.for_path(ns, &m.mountpoint).map(|t| t.dev) == Some(dev))
+    }
+
+    /// Where to measure tmpfs `dev`: a namespace where it is visible, with
+    /// its mount there (the two always agree: statfs of that path in that
+    /// namespace is this device). Lowest namespace first, for stability.
+    pub fn measure_at(&self, dev: Dev) -> Option<(u32, &Mount)> {
+        let mut nss: Vec<u32> = self.by_ns.keys().copied().collect();
+        nss.sort();
+        nss.into_iter()
+            .find_map(|ns| self.visible_in(ns, dev).map(|m| (ns, m)))
+    }
+
+    pub fn ns_of_dev(&self, dev: Dev) -> Option<u32> {
+        self.measure_at(dev).map(|(ns, _)| ns)
+    }
+
+    /// `dev` as its users see it: a container's `/dev/shm` is `/dev/shm`
+    /// to its processes and `.../userdata/shm` to the host. The view from
+    /// `ns` (the process at hand) first; else any namespace's `/dev/shm`;
+    /// else the host's (`self_ns`); else where it was first seen.
+    pub fn view(&self, dev: Dev, ns: Option<u32>, self_ns: u32) -> Option<&Mount> {
+        if let Some(m) = ns.and_then(|ns| self.visible_in(ns, dev)) {
+            return Some(m);
+        }
+        let mut nss: Vec<u32> = self.by_ns.keys().copied().collect();
+        nss.sort();
+        nss.iter()
+            .filter_map(|&ns| self.visible_in(ns, dev))
+            .find(|m| m.mountpoint == "/dev/shm")
+            .or_else(|| self.visible_in(self_ns, dev))
+            .or_else(|| self.by_dev(dev))
+    }
+
+    /// `dev`'s mountpoint on the host (shmtrace's own namespace), when it
+    /// differs from `shown`: where an operator finds it from the node.
+    pub fn host_mountpoint(&self, dev: Dev, self_ns: u32, shown: &str) -> Option<String> {
+        self.visible_in(self_ns, dev)
+            .filter(|m| m.mountpoint != shown)
+            .map(|m| escape::str(&m.mountpoint))
     }
 
     pub fn by_dev(&self, dev: Dev) -> Option<&Mount> {
@@ -172,9 +203,10 @@ impl MountTables {
             .max_by_key(|m| m.mountpoint.len())
     }
 
-    /// "/dev/shm/name" from a device and the kernel's name for the file.
-    pub fn path_of(&self, dev: Dev, name: &str) -> String {
-        match self.by_dev(dev) {
+    /// "/dev/shm/name" from a device and the kernel's name for the file,
+    /// as namespace `ns` sees it (see [`Self::view`]).
+    pub fn path_of(&self, dev: Dev, name: &str, ns: Option<u32>, self_ns: u32) -> String {
+        match self.view(dev, ns, self_ns) {
             Some(m) if m.mountpoint == "/" => format!("/{name}"),
             Some(m) => format!("{}/{name}", escape::str(&m.mountpoint)),
             None => format!("shmem:{name}"),
@@ -191,7 +223,11 @@ fn under(path: &str, mountpoint: &str) -> bool {
 /// A tmpfs mount's size and use, followed over time.
 #[derive(Clone, Debug, Serialize)]
 pub struct MountStat {
+    /// As its users see it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
+    /// Where the host has it, when that differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_mountpoint: Option<String>,
     pub dev: String,
     pub mount_ns: u32,
     pub size_bytes: Option<u64>,
@@ -219,9 +255,17 @@ impl MountStats {
 
     /// One measurement of `m`: its use (when statfs answered) and the bytes
     /// of the files tracked on it.
-    pub fn observe(&mut self, m: &Mount, ns: u32, usage: Option<Usage>, tracked: u64) {
+    pub fn observe(
+        &mut self,
+        m: &Mount,
+        host_mountpoint: Option<String>,
+        ns: u32,
+        usage: Option<Usage>,
+        tracked: u64,
+    ) {
         let s = self.by_dev.entry(m.dev).or_insert_with(|| MountStat {
-            mountpoint: Some(escape::str(&m.mountpoint)),
+            mountpoint: None,
+            host_mountpoint: None,
             dev: m.dev.to_string(),
             mount_ns: ns,
             size_bytes: None,
@@ -232,6 +276,11 @@ impl MountStats {
             explained_share: None,
         });
         s.tracked_bytes = tracked;
+        s.mountpoint = Some(escape::str(&m.mountpoint));
+        // The host's name outlives its unmount (a container stopped).
+        if host_mountpoint.is_some() {
+            s.host_mountpoint = host_mountpoint;
+        }
         if let Some(u) = usage {
             s.size_bytes = Some(u.size_bytes);
             s.used_bytes = Some(u.used_bytes);
@@ -275,8 +324,37 @@ mod tests {
         // The hidden /dev/shm is measured nowhere; the visible one here.
         assert_eq!(t.ns_of_dev(Dev::new(0, 26)), None);
         assert_eq!(t.ns_of_dev(Dev::new(0, 29)), Some(1));
-        assert_eq!(t.path_of(Dev::new(0, 29), "a b"), "/dev/shm/a b");
-        assert_eq!(t.path_of(Dev::new(0, 99), "memfd"), "shmem:memfd");
+        assert_eq!(t.path_of(Dev::new(0, 29), "a b", None, 1), "/dev/shm/a b");
+        assert_eq!(t.path_of(Dev::new(0, 99), "memfd", None, 1), "shmem:memfd");
+    }
+
+    #[test]
+    fn a_container_sees_its_dev_shm_where_the_host_sees_the_runtime_path() {
+        let mut t = MountTables::default();
+        let host = "30 22 0:26 / /dev/shm rw - tmpfs tmpfs rw\n\
+            41 22 0:40 / /var/lib/containers/storage/overlay-containers/abc/userdata/shm rw - tmpfs shm rw,size=64000k\n";
+        let ctr = "50 49 0:41 / / rw - overlay o rw\n51 50 0:40 / /dev/shm rw - tmpfs shm rw\n";
+        // The host's table is read first (node-wide), the container's later.
+        t.learn(1, parse_mountinfo(host));
+        t.learn(9, parse_mountinfo(ctr));
+        let dev = Dev::new(0, 40);
+        assert_eq!(t.path_of(dev, "x", Some(9), 1), "/dev/shm/x");
+        // Without a process at hand: a namespace's /dev/shm still wins.
+        assert_eq!(t.view(dev, None, 1).unwrap().mountpoint, "/dev/shm");
+        assert_eq!(
+            t.host_mountpoint(dev, 1, "/dev/shm").as_deref(),
+            Some("/var/lib/containers/storage/overlay-containers/abc/userdata/shm")
+        );
+        assert_eq!(t.host_mountpoint(Dev::new(0, 26), 1, "/dev/shm"), None);
+        // Measured where path and namespace agree.
+        let (ns, m) = t.measure_at(dev).unwrap();
+        assert_eq!(
+            (ns, m.mountpoint.as_str()),
+            (
+                1,
+                "/var/lib/containers/storage/overlay-containers/abc/userdata/shm"
+            )
+        );
     }
 
     #[test]
@@ -310,8 +388,8 @@ mod tests {
             inodes: 10,
             inodes_used: 1,
         };
-        s.observe(&m, 1, Some(u(80)), 40);
-        s.observe(&m, 1, Some(u(20)), 20);
+        s.observe(&m, None, 1, Some(u(80)), 40);
+        s.observe(&m, None, 1, Some(u(20)), 20);
         let st = &s.by_dev[&m.dev];
         assert_eq!((st.used_bytes, st.peak_used_bytes), (Some(20), 80));
         assert_eq!(st.explained_share, Some(1.0));
