@@ -94,6 +94,19 @@ pub struct OutputArgs {
     /// stays watched after its last process exits.
     #[arg(long, value_name = "SECONDS", global = true, default_value_t = 30)]
     pub ns_grace: u64,
+
+    /// Write each incident (a tmpfs mount that failed: its first failing
+    /// process, later failures, holders, container or pod, diagnosis) to
+    /// its own JSON file in DIR, rewritten while open and final when
+    /// closed; the oldest are pruned past 500. Node-wide, one JSON line per
+    /// incident opened and closed also goes to stdout, for log collectors.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub incidents_dir: Option<PathBuf>,
+
+    /// Seconds without a failure on a mount after which its incident
+    /// closes; a later failure there opens a new one.
+    #[arg(long, value_name = "SECONDS", global = true, default_value_t = 60)]
+    pub incident_quiet: u64,
 }
 
 impl OutputArgs {
@@ -105,6 +118,8 @@ impl OutputArgs {
             events_ring: Some(self.events_ring),
             live: self.live,
             metrics: self.metrics.clone(),
+            incidents_dir: self.incidents_dir.clone(),
+            incident_quiet: std::time::Duration::from_secs(self.incident_quiet),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::facts::Facts;
+use super::scope::Scope;
 use crate::{state::procs::Proc, units::human_bytes};
 
 const MIB: u64 = 1 << 20;
@@ -42,7 +42,7 @@ pub struct Diagnosis {
 }
 
 /// PyTorch leaves its fingerprints on file names and process names.
-fn is_pytorch(r: &Facts) -> bool {
+fn is_pytorch(r: &Scope) -> bool {
     r.failures
         .iter()
         .any(|f| f.path.as_deref().is_some_and(|p| p.contains("/torch_")))
@@ -54,8 +54,8 @@ fn is_pytorch(r: &Facts) -> bool {
             .any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("torch_")))
 }
 
-pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
-    let first = r.first_failure.as_ref()?;
+pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
+    let first = r.first_failure?;
     let pytorch = is_pytorch(r);
     let what = match (first.kind, first.syscall) {
         ("sigbus", _) => "sigbus".to_string(),
@@ -87,6 +87,7 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
     let mut workers: Vec<&Proc> = r
         .processes
         .iter()
+        .copied()
         .filter(|p| {
             p.ppid == parent && p.pid != parent && (parent_cmd.is_none() || p.cmdline == parent_cmd)
         })
@@ -180,8 +181,8 @@ pub fn diagnose(r: &Facts) -> Option<Diagnosis> {
 /// at the first failure. In a PyTorch DataLoader the main process holding
 /// prefetched batches, and workers holding the batch they made, is the
 /// design, not a hoard: not flagged.
-fn hoarder(r: &Facts, pytorch: bool) -> Option<String> {
-    let first = r.first_failure.as_ref()?;
+fn hoarder(r: &Scope, pytorch: bool) -> Option<String> {
+    let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
     let h = first
         .holders
@@ -205,7 +206,7 @@ fn hoarder(r: &Facts, pytorch: bool) -> Option<String> {
 }
 
 fn pytorch_messages(
-    r: &Facts,
+    r: &Scope,
     first: u32,
     kind: &str,
     syscall: Option<&str>,
@@ -256,7 +257,7 @@ fn pytorch_messages(
 }
 
 /// Processes that created segments (files of 1 MiB or more) or failed.
-fn workers_allocating(r: &Facts) -> u64 {
+fn workers_allocating(r: &Scope) -> u64 {
     let mut creators = r.segments.creators.clone();
     creators.extend(
         r.failures
@@ -268,7 +269,7 @@ fn workers_allocating(r: &Facts) -> u64 {
 }
 
 /// The largest segment: files seen over the run, failing files, requests.
-fn largest_segment(r: &Facts) -> u64 {
+fn largest_segment(r: &Scope) -> u64 {
     r.failures
         .iter()
         .filter_map(|f| f.file_size.map(|s| s.max(0) as u64))
@@ -287,8 +288,8 @@ fn largest_segment(r: &Facts) -> u64 {
 /// processes still wanted; for a PyTorch DataLoader also its steady state,
 /// (workers x prefetch_factor + 2) batches in flight. Then 25% headroom,
 /// rounded up to 64 MiB.
-fn recommend(r: &Facts, pytorch: bool) -> (Option<u64>, Option<String>) {
-    let Some(first) = r.first_failure.as_ref() else {
+fn recommend(r: &Scope, pytorch: bool) -> (Option<u64>, Option<String>) {
+    let Some(first) = r.first_failure else {
         return (None, None);
     };
     if first.kind == "oom_kill" {
@@ -357,7 +358,7 @@ fn recommend(r: &Facts, pytorch: bool) -> (Option<u64>, Option<String>) {
 
 /// Settings that fit the current size: in flight are
 /// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.
-fn dataloader_fit(r: &Facts, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
+fn dataloader_fit(r: &Scope, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
     if !pytorch {
         return None;
     }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::{
-    analysis::facts::Context,
+    analysis::{Facts, facts::Context},
     event::{Addr, Event, ExitStatus, MountPages, Syscall},
     state::tests::{MIB, SHM, file, setup},
 };
@@ -10,6 +10,7 @@ use crate::{
 fn ctx() -> Context {
     Context {
         mode: "run",
+        node: false,
         command: None,
         target_pid: Some(10),
         duration_s: 1.0,
@@ -88,7 +89,7 @@ fn dataloader(names: &str) -> Facts {
 #[test]
 fn a_dataloader_sigbus_names_the_first_worker_and_what_pytorch_gets_wrong() {
     let facts = dataloader("torch");
-    let d = diagnose(&facts).unwrap();
+    let d = diagnose(&Scope::whole(&facts)).unwrap();
     assert_eq!(d.signature, "pytorch-dataloader:sigbus");
     assert_eq!(facts.first_failure.as_ref().unwrap().pid, 13);
     assert!(
@@ -118,7 +119,7 @@ fn a_dataloader_sigbus_names_the_first_worker_and_what_pytorch_gets_wrong() {
 #[test]
 fn other_users_get_a_generic_signature_without_dataloader_advice() {
     let facts = dataloader("seg");
-    let d = diagnose(&facts).unwrap();
+    let d = diagnose(&Scope::whole(&facts)).unwrap();
     assert_eq!(d.signature, "shm:sigbus");
     assert!(d.framework.is_none() && d.dataloader.is_none());
     assert!(d.framework_message.is_none());
@@ -136,7 +137,7 @@ fn an_oom_kill_is_not_fixed_by_a_bigger_dev_shm() {
         },
         &mut host,
     );
-    let d = diagnose(&Facts::gather(&st, ctx())).unwrap();
+    let d = diagnose(&Scope::whole(&Facts::gather(&st, ctx()))).unwrap();
     assert_eq!(d.signature, "memcg:oom-kill");
     assert_eq!(d.recommended_shm_bytes, None);
     assert!(d.basis.unwrap().contains("memory cgroup"));
@@ -145,5 +146,5 @@ fn an_oom_kill_is_not_fixed_by_a_bigger_dev_shm() {
 #[test]
 fn no_failure_no_diagnosis() {
     let (st, _, _) = setup();
-    assert!(diagnose(&Facts::gather(&st, ctx())).is_none());
+    assert!(diagnose(&Scope::whole(&Facts::gather(&st, ctx()))).is_none());
 }

@@ -33,6 +33,9 @@ pub struct ContainerReport {
     pub runtime: Option<String>,
     pub container_id: Option<String>,
     pub pod_uid: Option<String>,
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<crate::state::containers::Pod>,
     /// Bytes of tmpfs files held by any of its processes, each file once.
     pub held_bytes: u64,
     pub allocated_bytes: u64,
@@ -78,6 +81,8 @@ pub struct Facts {
     pub version: &'static str,
     /// "run", "pid" or "demo".
     pub mode: &'static str,
+    #[serde(skip)]
+    pub node: bool,
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
     pub duration_s: f64,
@@ -112,6 +117,8 @@ pub struct Facts {
 
 pub struct Context {
     pub mode: &'static str,
+    /// Node-wide: one diagnosis per incident, the first leads.
+    pub node: bool,
     pub command: Option<Vec<String>>,
     pub target_pid: Option<u32>,
     pub duration_s: f64,
@@ -123,11 +130,20 @@ pub struct Context {
 
 impl Facts {
     pub fn gather(st: &State, ctx: Context) -> Self {
-        let failures = st.failures.ordered();
+        let mut failures = st.failures.ordered();
+        // Names found after the failure (a pod's logs appear late).
+        for f in &mut failures {
+            if let Some(c) = f.container.as_mut()
+                && let Some(now) = st.containers.by_cgroup(&c.cgroup)
+            {
+                c.clone_from(now);
+            }
+        }
         Self {
             schema: SCHEMA,
             version: env!("CARGO_PKG_VERSION"),
             mode: ctx.mode,
+            node: ctx.node,
             command: ctx.command,
             target_pid: ctx.target_pid,
             duration_s: ctx.duration_s,
@@ -209,6 +225,8 @@ fn containers(st: &State) -> Vec<ContainerReport> {
                 runtime: c.runtime.clone(),
                 container_id: c.container_id.clone(),
                 pod_uid: c.pod_uid.clone(),
+                name: c.name.clone(),
+                pod: c.pod.clone(),
                 held_bytes: 0,
                 allocated_bytes: 0,
                 pids: Vec::new(),

@@ -4,11 +4,13 @@
 
 pub mod diagnosis;
 pub mod facts;
+pub mod incident;
+pub mod scope;
 
 use serde::Serialize;
 
-use self::diagnosis::Diagnosis;
 pub use self::facts::{Context, Exit, Facts};
+use self::{diagnosis::Diagnosis, incident::IncidentReport};
 use crate::state::State;
 
 /// The facts and the diagnosis drawn from them.
@@ -16,16 +18,28 @@ use crate::state::State;
 pub struct Report {
     #[serde(flatten)]
     pub facts: Facts,
+    /// One per failing mount, in the order of their first failures.
+    pub incidents: Vec<IncidentReport>,
     /// The answer: signature, summary, what the framework got wrong, the
-    /// /dev/shm size this workload needs.
+    /// /dev/shm size this workload needs. Node-wide: the first incident's.
     pub diagnosis: Option<Diagnosis>,
 }
 
 impl Report {
     pub fn build(st: &State, ctx: Context) -> Self {
         let facts = Facts::gather(st, ctx);
-        let diagnosis = diagnosis::diagnose(&facts);
-        Self { facts, diagnosis }
+        let incidents = incident::incidents(st, &facts);
+        // A job traced on its own is one story; a node has one per mount.
+        let diagnosis = if facts.node {
+            incidents.first().and_then(|i| i.diagnosis.clone())
+        } else {
+            diagnosis::diagnose(&scope::Scope::whole(&facts))
+        };
+        Self {
+            facts,
+            incidents,
+            diagnosis,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod blocking;
 pub mod fixture;
 pub mod proc;
 pub mod procfs;
+pub mod runtimes;
 
 pub use proc::ProcHost;
 
@@ -121,6 +122,13 @@ pub trait Host {
     /// The cgroup v2 path of cgroup id `id` (a walk of the hierarchy, at
     /// most once a second on a miss).
     fn cgroup_path(&mut self, id: u64) -> Option<String>;
+    /// A container's and pod's names (kubelet's logs, the runtime's state).
+    fn container_names(
+        &self,
+        _c: &crate::state::containers::Container,
+    ) -> Option<crate::state::containers::Names> {
+        None
+    }
     /// Reads that stalled (timed out) or were skipped for it.
     fn stalls(&self) -> blocking::Stalls {
         blocking::Stalls::default()

@@ -7,11 +7,15 @@ use super::{
     anchors::Anchors,
     blocking::{Blocking, Stalls},
     procfs::*,
+    runtimes,
 };
 use crate::{
     escape,
     event::{Addr, Dev},
-    state::mounts::{self, Mount, Usage},
+    state::{
+        containers::{Container, Names},
+        mounts::{self, Mount, Usage},
+    },
 };
 
 pub struct ProcHost {
@@ -186,6 +190,13 @@ impl Host for ProcHost {
         std::fs::read_link(link)
             .ok()
             .map(|p| p.to_string_lossy().into_owned())
+    }
+
+    fn container_names(&self, c: &Container) -> Option<Names> {
+        let (c, key) = (c.clone(), format!("names {}", c.cgroup));
+        self.io
+            .run(|| key, move || runtimes::names(Path::new("/"), &c))
+            .flatten()
     }
 
     fn cgroup(&self, pid: u32) -> Option<String> {

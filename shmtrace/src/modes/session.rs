@@ -32,6 +32,10 @@ pub struct Outputs {
     pub live: bool,
     /// Serve Prometheus metrics on this address (node-wide mode).
     pub metrics: Option<String>,
+    /// Write each incident to its own JSON file here.
+    pub incidents_dir: Option<PathBuf>,
+    /// An incident closes after this long without a failure on its mount.
+    pub incident_quiet: Duration,
 }
 
 pub struct Session {
@@ -43,6 +47,9 @@ pub struct Session {
     start_ns: u64,
     last_tick: std::time::Instant,
     live: Option<Live>,
+    /// Node-wide (one diagnosis per incident) or one job.
+    node: bool,
+    incidents: Option<output::incidents::IncidentDir>,
 }
 
 impl Session {
@@ -59,6 +66,10 @@ impl Session {
             output::files::check_target(p)
                 .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
+        let incidents = match &outputs.incidents_dir {
+            Some(d) => Some(output::incidents::IncidentDir::open(d, all_processes)?),
+            None => None,
+        };
         let tracer = Tracer::start(all_processes, outputs.events_ring)?;
         let start_ns = capture::monotonic_ns();
         for n in &tracer.notes {
@@ -75,6 +86,8 @@ impl Session {
             start_ns,
             last_tick: std::time::Instant::now(),
             live,
+            node: all_processes,
+            incidents,
         })
     }
 
@@ -142,8 +155,19 @@ impl Session {
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
             self.state.tick(&mut self.host);
-            if let Some(p) = &self.outputs.report {
-                let _ = output::report::write(&self.snapshot("running", None, None, None), p);
+            let quiet = self.outputs.incident_quiet.as_nanos() as u64;
+            self.state
+                .incidents
+                .close_quiet(capture::monotonic_ns(), quiet.max(1));
+            let mode = if self.node { "node" } else { "running" };
+            if self.outputs.report.is_some() || self.incidents.is_some() {
+                let r = self.snapshot(mode, None, None, None);
+                if let Some(p) = &self.outputs.report {
+                    let _ = output::report::write(&r, p);
+                }
+                if let Some(d) = &mut self.incidents {
+                    d.update(&r.incidents);
+                }
             }
             if let Some(live) = &mut self.live {
                 live.show(&self.state, self.tracer.lost_total());
@@ -163,6 +187,7 @@ impl Session {
             &self.state,
             analysis::Context {
                 mode,
+                node: self.node,
                 command,
                 target_pid,
                 duration_s: (capture::monotonic_ns() - self.start_ns) as f64 / 1e9,
@@ -191,12 +216,17 @@ impl Session {
             self.events_failed(e);
         }
         self.state.tick(&mut self.host);
+        // Ending: every incident is final.
+        self.state.incidents.close_all(capture::monotonic_ns());
         if let Some(live) = &mut self.live {
             live.finish();
         }
         let report = self.snapshot(mode, command, target_pid, exit);
         if let Some(p) = &self.outputs.report {
             output::report::write(&report, p)?;
+        }
+        if let Some(d) = &mut self.incidents {
+            d.update(&report.incidents);
         }
         if !self.outputs.quiet {
             eprint!("{}", summary::render(&report));

@@ -361,6 +361,7 @@ mod tests {
             &st,
             Context {
                 mode: "run",
+                node: false,
                 command: None,
                 target_pid: None,
                 duration_s: 1.0,

@@ -7,6 +7,7 @@ use super::{
     PAGE, State,
     causes::{self, Call, Reason},
     failures::{Failure, Holder, MountAtFailure, OtherSignal},
+    incidents::Place,
     mappings::Mapping,
 };
 use crate::{
@@ -363,15 +364,21 @@ impl State {
 
     fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
         f.dev = f.kdev.map(|d| d.to_string());
+        let place = match f.kdev {
+            Some(dev) => Place::Mount(dev),
+            None => Place::Namespace(f.mnt_ns),
+        };
+        let opened;
+        (f.incident, opened) = self.incidents.failed(place, f.mnt_ns, f.ts_ns);
         // The same failure again: counted on the first, no more evidence.
         if self.failures.repeated(&f) {
             return;
         }
         if let Some(dev) = f.kdev
-            && self.failures.is_first_on(dev)
+            && (opened || self.failures.is_first_on(dev))
         {
-            // The first failure on this mount: refresh who holds what now,
-            // while the processes involved are most likely still there.
+            // The first failure of an incident on this mount: refresh who
+            // holds what now, while the processes are most likely there.
             self.refresh_files(host);
             f.holders = self
                 .files

@@ -12,10 +12,67 @@ pub struct Container {
     pub runtime: Option<String>,
     pub container_id: Option<String>,
     pub pod_uid: Option<String>,
+    /// The container's name as its runtime shows it (Docker, Podman), or
+    /// Kubernetes' container name.
+    pub name: Option<String>,
+    /// Kubernetes identity, Tetragon's shape: from the cgroup path (uid, id)
+    /// and kubelet's /var/log/pods layout or the runtime's labels (names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<Pod>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: PodContainer,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodContainer {
+    pub id: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Names the host found for a container (none of them from the cgroup path).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Names {
+    pub container: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub pod_name: Option<String>,
 }
 
 impl Container {
+    /// Attaches what the host found: a pod in Tetragon's shape when the
+    /// cgroup path had a pod UID and the names are known.
+    pub fn named(&mut self, n: Names) {
+        self.name = n.container.clone().or(self.name.take());
+        if let (Some(uid), Some(ns), Some(name)) = (&self.pod_uid, n.pod_namespace, n.pod_name) {
+            self.pod = Some(Pod {
+                namespace: ns,
+                name,
+                uid: uid.clone(),
+                container: PodContainer {
+                    id: self.container_id.clone(),
+                    name: n.container,
+                },
+            });
+        }
+    }
+
     pub fn label(&self) -> String {
+        if let Some(p) = &self.pod {
+            return format!(
+                "pod {}/{} / {}",
+                p.namespace,
+                p.name,
+                p.container.name.as_deref().unwrap_or("?")
+            );
+        }
+        if let (Some(name), Some(rt)) = (&self.name, &self.runtime) {
+            return format!("{rt} {name}");
+        }
         match (&self.pod_uid, &self.container_id) {
             (Some(pod), Some(id)) => format!("pod {pod} / {}", &id[..id.len().min(12)]),
             (None, Some(id)) => format!(
@@ -99,7 +156,13 @@ pub struct Containers {
     by_pid: HashMap<u32, String>,
     /// cgroup v2 id (what bpf_get_current_cgroup_id returns) -> path.
     by_id: HashMap<u64, String>,
+    /// Containers whose names were looked for, and how many times (a
+    /// starting pod's log directory may appear a little later).
+    name_tries: HashMap<String, u8>,
 }
+
+/// Looks for a container's names this many times (once a tick) at most.
+pub const NAME_TRIES: u8 = 10;
 
 /// cgroup ids and paths cached: a cache, so bounded by clearing (what is
 /// still needed is learned again).
@@ -113,6 +176,7 @@ impl Containers {
         if self.by_path.len() > MAX_CACHED {
             let live: std::collections::HashSet<String> = self.by_pid.values().cloned().collect();
             self.by_path.retain(|p, _| live.contains(p));
+            self.name_tries.retain(|p, _| live.contains(p));
         }
     }
 
@@ -121,6 +185,30 @@ impl Containers {
         self.by_path
             .entry(path.to_string())
             .or_insert_with(|| parse(path))
+    }
+
+    /// Containers to look up names for now: in a container, not named
+    /// yet, tried fewer than [`NAME_TRIES`] times.
+    pub fn unnamed(&self) -> Vec<Container> {
+        self.by_path
+            .values()
+            .filter(|c| c.container_id.is_some() && c.name.is_none() && c.pod.is_none())
+            .filter(|c| self.name_tries.get(&c.cgroup).copied().unwrap_or(0) < NAME_TRIES)
+            .cloned()
+            .collect()
+    }
+
+    /// The host looked for `cgroup`'s names and found these (or nothing).
+    pub fn looked_up(&mut self, cgroup: &str, names: Option<Names>) {
+        *self.name_tries.entry(cgroup.to_string()).or_default() += 1;
+        if let (Some(n), Some(c)) = (names, self.by_path.get_mut(cgroup)) {
+            c.named(n);
+        }
+    }
+
+    /// The container at cgroup path `cgroup`, as known now (names included).
+    pub fn by_cgroup(&self, cgroup: &str) -> Option<&Container> {
+        self.by_path.get(cgroup)
     }
 
     pub fn knows_id(&self, id: u64) -> bool {

@@ -49,6 +49,10 @@ pub struct Failure {
     /// Nanoseconds after the first failure (0 for the first).
     pub delay_ns: u64,
     pub pid: u32,
+    /// The pid as the process itself sees it (in its container's PID
+    /// namespace: what the framework prints in the container's log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
     pub tid: u32,
     pub ppid: u32,
     pub comm: String,
@@ -92,6 +96,8 @@ pub struct Failure {
     /// syscall, errno and mount), and when it last did.
     pub repeats: u64,
     pub last_ts_ns: Option<u64>,
+    /// The incident it belongs to (one per failing mount, node-wide).
+    pub incident: u64,
     /// The failing process's container (runtime, id, pod), when it is in one.
     pub container: Option<Container>,
     /// For the first failure on a mount: who held its bytes at that moment,
@@ -108,6 +114,7 @@ impl Failure {
             time_s: 0.0,
             delay_ns: 0,
             pid,
+            ns_pid: None,
             tid,
             ppid: 0,
             comm: String::new(),
@@ -138,6 +145,7 @@ impl Failure {
             refaults: 0,
             repeats: 0,
             last_ts_ns: None,
+            incident: 0,
             container: None,
             holders: Vec::new(),
             events_before: Vec::new(),
@@ -170,6 +178,7 @@ pub const MAX_OTHER: usize = 256;
 
 /// What makes two failures "the same failure again".
 type FailureKey = (
+    u64,
     u32,
     &'static str,
     Option<&'static str>,
@@ -307,7 +316,7 @@ impl Failures {
 }
 
 fn key(f: &Failure) -> FailureKey {
-    (f.pid, f.kind, f.syscall, f.errno, f.kdev)
+    (f.incident, f.pid, f.kind, f.syscall, f.errno, f.kdev)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod containers;
 pub mod evidence;
 pub mod failures;
 pub mod files;
+pub mod incidents;
 pub mod locate;
 pub mod mappings;
 pub mod mounts;
@@ -48,6 +49,8 @@ pub struct State {
     pub files: Files,
     pub containers: Containers,
     pub failures: Failures,
+    /// Node-wide, one story per failing mount.
+    pub incidents: incidents::Incidents,
     pub evidence: Evidence,
     /// Latest known i_size of tmpfs files, from ftruncate.
     sizes: HashMap<(Dev, u64), i64>,
@@ -70,6 +73,7 @@ impl State {
             files: Files::default(),
             containers: Containers::default(),
             failures: Failures::default(),
+            incidents: incidents::Incidents::default(),
             evidence: Evidence::default(),
             sizes: HashMap::new(),
             release_idle_namespaces: None,
@@ -429,6 +433,11 @@ impl State {
             let host_mp = self.mounts.host_mountpoint(dev, self_ns, &shown.mountpoint);
             self.mount_stats
                 .observe(&shown, host_mp, ns, usage, tracked);
+        }
+        // Names of new containers and pods (a few lookups a tick).
+        for c in self.containers.unnamed().into_iter().take(8) {
+            let names = host.container_names(&c);
+            self.containers.looked_up(&c.cgroup, names);
         }
         for pid in self.procs.pids() {
             let b = self.files.bytes.get(&pid).copied().unwrap_or_default();
