@@ -210,6 +210,9 @@ pub struct Event {
     pub path: [u8; PATH_LEN],
     /// Failure records only.
     pub limits: ProcLimits,
+    /// The tgid in the process's own PID namespace (0 when unknown).
+    pub ns_tgid: u32,
+    pub _pad_end: u32,
 }
 
 impl Event {
@@ -232,7 +235,8 @@ const _: () = {
     assert!(offset_of!(FileInfo, name) == 56);
     assert!(offset_of!(FileInfo, parent) == 120);
     assert!(size_of::<ProcLimits>() == 48);
-    assert!(size_of::<Event>() == 472);
+    assert!(size_of::<Event>() == 480);
+    assert!(offset_of!(Event, ns_tgid) == 472);
     assert!(offset_of!(Event, limits) == 424);
     assert!(offset_of!(Event, kind) == 0);
     assert!(offset_of!(Event, syscall) == 4);
@@ -249,7 +253,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 52 * 4);
+    assert!(size_of::<KernelOffsets>() == 57 * 4);
     assert!(size_of::<SyscallNrs>() == 16 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -325,6 +329,14 @@ pub struct KernelOffsets {
     pub mount_parent: u32,
     pub mount_mountpoint: u32,
     pub vfsmount_root: u32,
+    /// task_struct.group_leader, task_struct.thread_pid, pid.level,
+    /// pid.numbers and the size of struct upid (upid.nr is first): the
+    /// process's pid in its own PID namespace (a container's "pid 9").
+    pub task_group_leader: u32,
+    pub task_thread_pid: u32,
+    pub pid_level: u32,
+    pub pid_numbers: u32,
+    pub upid_size: u32,
 }
 
 /// In a failure record on a tmpfs fd, `path` holds the file's mount point

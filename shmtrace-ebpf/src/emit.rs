@@ -179,6 +179,7 @@ fn reserve(rb: &RingBuf, kind: EventKind) -> Option<RingBufEntry<Event>> {
         ev.tid = pid_tgid as u32;
         ev.ppid = kernel::task_ppid(task);
         ev.mnt_ns = kernel::task_mnt_ns(task);
+        ev.ns_tgid = kernel::task_ns_tgid(task);
         ev.cgroup_id = bpf_get_current_cgroup_id();
         ev.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     }

@@ -59,6 +59,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     mount_parent: M,
     mount_mountpoint: M,
     vfsmount_root: M,
+    task_group_leader: M,
+    task_thread_pid: M,
+    pid_level: M,
+    pid_numbers: M,
+    upid_size: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.
@@ -175,6 +180,23 @@ pub fn task_ppid(task: u64) -> u32 {
 pub fn task_mnt_ns(task: u64) -> u32 {
     let ns = read_ptr(read_ptr(task, off!(task_nsproxy)), off!(nsproxy_mnt_ns));
     read::<u32>(ns, off!(mnt_ns_inum)).unwrap_or(0)
+}
+
+/// The process's tgid as its own PID namespace numbers it:
+/// group_leader->thread_pid->numbers[level].nr (0 when unknown).
+#[inline(always)]
+pub fn task_ns_tgid(task: u64) -> u32 {
+    let leader = read_ptr(task, off!(task_group_leader));
+    let pid = read_ptr(leader, off!(task_thread_pid));
+    let Some(level) = read::<u32>(pid, off!(pid_level)) else {
+        return 0;
+    };
+    let (numbers, size) = (off!(pid_numbers), off!(upid_size));
+    // PID namespaces nest at most 32 deep (MAX_PID_NS_LEVEL).
+    if level > 32 || numbers == M || size == M {
+        return 0;
+    }
+    read::<u32>(pid, numbers + level * size).unwrap_or(0)
 }
 
 /// The `struct file` behind `fd` in the current task, or 0.

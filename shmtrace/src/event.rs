@@ -93,6 +93,8 @@ pub struct Header {
     pub pid: u32,
     pub tid: u32,
     pub ppid: u32,
+    /// The pid in its own PID namespace (0 when unknown).
+    pub ns_pid: u32,
     /// Mount namespace inode number (0 when unknown).
     pub mnt_ns: u32,
     /// cgroup v2 id.

@@ -31,6 +31,11 @@ pub struct Diagnosis {
     pub basis: Option<String>,
     pub docker: Option<String>,
     pub kubernetes: Option<String>,
+    /// The fix in the failing container's own runtime: `podman run
+    /// --shm-size=...`, `docker run --shm-size=...`, or a pod's Memory
+    /// emptyDir (containerd, CRI-O).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_fix: Option<String>,
     /// The DataLoader settings that would fit the current size instead.
     pub dataloader: Option<String>,
     /// When a bigger /dev/shm may not be the fix: one process that did not
@@ -117,8 +122,14 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         .map(|p| p.comm.as_str())
         .unwrap_or(first.comm.as_str());
     let role = match index_of(first.pid) {
-        Some(i) if pytorch => format!("DataLoader worker {i} (pid {}, {who})", first.pid),
-        _ => format!("pid {} ({who})", first.pid),
+        Some(i) if pytorch => format!(
+            "DataLoader worker {i} ({})",
+            shown_pid(first.pid, first.ns_pid, who)
+        ),
+        _ => match first.ns_pid {
+            Some(n) if n != first.pid => format!("pid {n} ({who}, host pid {})", first.pid),
+            _ => format!("pid {} ({who})", first.pid),
+        },
     };
     let mp = mount
         .and_then(|m| m.mountpoint.clone())
@@ -171,6 +182,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         basis,
         docker: recommended.map(|b| format!("docker run --shm-size={}m ...", b / MIB)),
         kubernetes: recommended.map(|b| kubernetes_snippet(b / MIB)),
+        runtime_fix: recommended.and_then(|b| runtime_fix(r.container?, b / MIB)),
         dataloader: fits.filter(|_| ran_out),
         caveat,
         fix: first.fix.clone(),
@@ -223,13 +235,23 @@ fn pytorch_messages(
                 .filter(|pid| r.processes.iter().any(|p| p.pid == *pid && p.exit_signal == Some(7)))
                 .collect();
             dead.sort();
-            let named = dead.first().copied().unwrap_or(first);
+            let named_host = dead.first().copied().unwrap_or(first);
+            // PyTorch prints pids as its container sees them.
+            let ns_of = |pid: u32| {
+                r.processes
+                    .iter()
+                    .find(|p| p.pid == pid)
+                    .and_then(|p| p.ns_pid)
+                    .or_else(|| r.failures.iter().find(|f| f.pid == pid).and_then(|f| f.ns_pid))
+            };
+            let named = ns_of(named_host).unwrap_or(named_host);
+            let first_shown = ns_of(first).unwrap_or(first);
             let msg = format!(
                 "DataLoader worker (pid {named}) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
             );
-            let wrong = (named != first).then(|| {
+            let wrong = (named_host != first).then(|| {
                 format!(
-                    "PyTorch names pid {named}: it checks its workers in pid order and reports the first dead one it finds. The first worker to fail was pid {first}; pid {named} failed after it, as collateral."
+                    "PyTorch names pid {named}: it checks its workers in pid order and reports the first dead one it finds. The first worker to fail was pid {first_shown}; pid {named} failed after it, as collateral."
                 )
             });
             (Some(msg), wrong)
@@ -391,6 +413,40 @@ fn dataloader_fit(r: &Scope, pytorch: bool, size: Option<u64>, workers: u64) -> 
         human_mib(size),
         ways.join("; or ")
     ))
+}
+
+/// The size in the words of the runtime that made this container.
+fn runtime_fix(c: &crate::state::containers::Container, mib: u64) -> Option<String> {
+    let name = c.name.clone().or_else(|| {
+        c.container_id
+            .as_deref()
+            .map(|i| i[..i.len().min(12)].to_string())
+    })?;
+    if c.pod_uid.is_some() {
+        let pod = c
+            .pod
+            .as_ref()
+            .map(|p| format!("pod {}/{}", p.namespace, p.name))
+            .unwrap_or_else(|| "the pod".into());
+        return Some(format!(
+            "{pod}: mount a Memory emptyDir of {mib}Mi at /dev/shm (see kubernetes)"
+        ));
+    }
+    match c.runtime.as_deref()? {
+        rt @ ("podman" | "docker") => Some(format!(
+            "{rt} run --shm-size={mib}m ... (for container {name})"
+        )),
+        _ => None,
+    }
+}
+
+/// "pid 9, python, host pid 31613" in a container, "pid 31613, python" on
+/// the host: the pid the process's own logs print comes first.
+fn shown_pid(pid: u32, ns_pid: Option<u32>, comm: &str) -> String {
+    match ns_pid {
+        Some(n) if n != pid => format!("pid {n}, {comm}, host pid {pid}"),
+        _ => format!("pid {pid}, {comm}"),
+    }
 }
 
 fn human_mib(b: u64) -> String {

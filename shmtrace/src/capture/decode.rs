@@ -230,6 +230,7 @@ fn header(ev: &wire::Event) -> Header {
         pid: ev.tgid,
         tid: ev.tid,
         ppid: ev.ppid,
+        ns_pid: ev.ns_tgid,
         mnt_ns: ev.mnt_ns,
         cgroup_id: ev.cgroup_id,
         comm: escape::bytes(&ev.comm),

@@ -84,6 +84,15 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         mount_parent: get("mount", "mnt_parent", false),
         mount_mountpoint: get("mount", "mnt_mountpoint", false),
         vfsmount_root: get("vfsmount", "mnt_root", false),
+        task_group_leader: get("task_struct", "group_leader", false),
+        task_thread_pid: get("task_struct", "thread_pid", false),
+        pid_level: get("pid", "level", false),
+        pid_numbers: get("pid", "numbers", false),
+        // struct upid { int nr; struct pid_namespace *ns; }: ns is last.
+        upid_size: match get("upid", "ns", false) {
+            MISSING => MISSING,
+            ns => ns + 8,
+        },
     };
     if !missing_required.is_empty() {
         bail!(

@@ -122,6 +122,10 @@ pub trait Host {
     /// The cgroup v2 path of cgroup id `id` (a walk of the hierarchy, at
     /// most once a second on a miss).
     fn cgroup_path(&mut self, id: u64) -> Option<String>;
+    /// `pid` as the process sees it (its PID namespace's number).
+    fn ns_pid(&self, _pid: u32) -> Option<u32> {
+        None
+    }
     /// A container's and pod's names (kubelet's logs, the runtime's state).
     fn container_names(
         &self,

@@ -132,6 +132,12 @@ impl Host for ProcHost {
             .unwrap_or(Lookup::Unknown)
     }
 
+    fn ns_pid(&self, pid: u32) -> Option<u32> {
+        self.io
+            .run(|| format!("status {pid}"), move || ns_pid_of(pid))
+            .flatten()
+    }
+
     fn limits(&self, pid: u32) -> Limits {
         self.io
             .run(|| format!("limits {pid}"), move || limits_of(pid))

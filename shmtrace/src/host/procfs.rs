@@ -58,6 +58,23 @@ pub fn lookup_under(dev: Dev, root: &str, rel: &str) -> Lookup {
     }
 }
 
+/// The pid as the process sees it: the last `NSpid:` entry of its status
+/// (its own PID namespace; the same as `pid` on the host).
+pub fn ns_pid_of(pid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_ns_pid(&text)
+}
+
+pub fn parse_ns_pid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 pub fn limits_of(pid: u32) -> Limits {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let vm_kb = status
@@ -395,6 +412,13 @@ pub fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ns_pid_is_the_innermost() {
+        assert_eq!(parse_ns_pid("Name:\tpython\nNSpid:\t31613\t9\n"), Some(9));
+        assert_eq!(parse_ns_pid("NSpid:\t42\n"), Some(42));
+        assert_eq!(parse_ns_pid("Name:\tx\n"), None);
+    }
 
     #[test]
     fn parses_maps_stat_and_cgroup() {

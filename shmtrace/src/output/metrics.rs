@@ -295,6 +295,7 @@ mod tests {
             pid: 5,
             tid: 5,
             ppid: 1,
+            ns_pid: 0,
             mnt_ns: SELF_NS,
             cgroup_id: 0,
             comm: "w".into(),

@@ -359,6 +359,9 @@ impl State {
         f.comm = p.map(|p| p.comm.clone()).unwrap_or_else(|| h.comm.clone());
         f.ancestry = self.procs.ancestry(pid);
         f.mnt_ns = p.map(|p| p.mnt_ns).unwrap_or(h.mnt_ns);
+        f.ns_pid = p
+            .and_then(|p| p.ns_pid)
+            .or_else(|| (pid == h.pid && h.ns_pid != 0 && h.ns_pid != pid).then_some(h.ns_pid));
         f
     }
 
@@ -397,6 +400,13 @@ impl State {
                 })
                 .collect();
             f.events_before = self.evidence.recent_on(dev);
+        }
+        // As the process sees itself: read now, while it may still be there.
+        if f.ns_pid.is_none() {
+            f.ns_pid = host.ns_pid(f.pid).filter(|&n| n != f.pid);
+        }
+        if let Some(n) = f.ns_pid {
+            self.procs.set_ns_pid(f.pid, n);
         }
         let cgid = self.procs.get(f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.container_of_id(host, cgid) {

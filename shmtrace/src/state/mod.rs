@@ -58,6 +58,8 @@ pub struct State {
     /// gone this long (a long-running tracer must not keep dead containers'
     /// /dev/shm alive). None: keep them until shmtrace exits.
     pub release_idle_namespaces: Option<Duration>,
+    /// Processes whose PID-namespace pid was read (found or not).
+    ns_pid_read: std::collections::HashSet<u32>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, Instant>,
 }
@@ -74,6 +76,7 @@ impl State {
             containers: Containers::default(),
             failures: Failures::default(),
             incidents: incidents::Incidents::default(),
+            ns_pid_read: Default::default(),
             evidence: Evidence::default(),
             sizes: HashMap::new(),
             release_idle_namespaces: None,
@@ -433,6 +436,24 @@ impl State {
             let host_mp = self.mounts.host_mountpoint(dev, self_ns, &shown.mountpoint);
             self.mount_stats
                 .observe(&shown, host_mp, ns, usage, tracked);
+        }
+        // Pids as containers see them (what their logs print), a few a tick.
+        let unread: Vec<u32> = self
+            .procs
+            .alive()
+            .filter(|p| p.ns_pid.is_none() && p.container.is_some())
+            .filter(|p| !self.ns_pid_read.contains(&p.pid))
+            .map(|p| p.pid)
+            .take(64)
+            .collect();
+        for pid in unread {
+            self.ns_pid_read.insert(pid);
+            if let Some(n) = host.ns_pid(pid) {
+                self.procs.set_ns_pid(pid, n);
+            }
+        }
+        if self.ns_pid_read.len() > 8192 {
+            self.ns_pid_read.clear();
         }
         // Names of new containers and pods (a few lookups a tick).
         for c in self.containers.unnamed().into_iter().take(8) {

@@ -13,6 +13,9 @@ use crate::{
 #[derive(Clone, Debug, Serialize)]
 pub struct Proc {
     pub pid: u32,
+    /// The pid in its own PID namespace, when that differs (a container).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
     pub ppid: u32,
     pub comm: String,
     /// Command line at its last exec (or when first seen), escaped.
@@ -45,6 +48,7 @@ impl Proc {
     pub fn new(pid: u32, ppid: u32, ts: u64) -> Self {
         Self {
             pid,
+            ns_pid: None,
             ppid,
             comm: String::new(),
             cmdline: None,
@@ -101,6 +105,7 @@ impl ProcessTree {
             .is_some_and(|t| h.ts_ns > t)
         {
             self.procs.remove(&h.pid);
+            self.forgotten += 1;
         }
         let p = self
             .procs
@@ -112,6 +117,9 @@ impl ProcessTree {
         }
         p.mnt_ns = h.mnt_ns;
         p.cgroup_id = h.cgroup_id;
+        if h.ns_pid != 0 && h.ns_pid != h.pid {
+            p.ns_pid = Some(h.ns_pid);
+        }
     }
 
     /// A process found in /proc (`--pid`, node-wide seeding) or started by `run`.
@@ -215,6 +223,15 @@ impl ProcessTree {
             p.held_bytes = held;
             p.peak_allocated_bytes = peaks.0;
             p.peak_held_bytes = peaks.1;
+        }
+    }
+
+    /// The pid as the process sees it was read: kept when it differs.
+    pub fn set_ns_pid(&mut self, pid: u32, ns_pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid)
+            && ns_pid != pid
+        {
+            p.ns_pid = Some(ns_pid);
         }
     }
 

@@ -34,6 +34,7 @@ impl Stream {
             pid,
             tid: pid,
             ppid,
+            ns_pid: 0,
             mnt_ns: SELF_NS,
             cgroup_id: 0,
             comm: format!("worker_{pid}"),
