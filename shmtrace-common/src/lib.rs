@@ -254,7 +254,7 @@ const _: () = {
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 57 * 4);
-    assert!(size_of::<SyscallNrs>() == 16 * 4);
+    assert!(size_of::<SyscallNrs>() == 20 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
 };
@@ -369,6 +369,10 @@ pub struct SyscallNrs {
     pub munmap: u32,
     pub close: u32,
     pub recvmsg: u32,
+    pub dup: u32,
+    pub dup2: u32,
+    pub dup3: u32,
+    pub fcntl: u32,
 }
 
 /// Run-time switches, passed in as a global.

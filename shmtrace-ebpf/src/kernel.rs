@@ -85,6 +85,10 @@ static NRS: SyscallNrs = SyscallNrs {
     munmap: M,
     close: M,
     recvmsg: M,
+    dup: M,
+    dup2: M,
+    dup3: M,
+    fcntl: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.

@@ -47,8 +47,61 @@ pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
         on_close(regs);
     } else if nr == nr!(recvmsg) {
         on_recvmsg(regs);
+    } else if nr == nr!(dup) || nr == nr!(dup2) || nr == nr!(dup3) || nr == nr!(fcntl) {
+        on_dup(regs, nr, ret);
     }
     0
+}
+
+const F_DUPFD: u64 = 0;
+const F_DUPFD_CLOEXEC: u64 = 1030;
+
+/// A tmpfs fd duplicated (`dd of=/dev/shm/x` and `> /dev/shm/x` open fd 3,
+/// dup2 it to 1, close 3 and write through 1): the new fd holds the file
+/// too. A dup2/dup3 onto a tmpfs fd closes that one.
+#[inline(always)]
+fn on_dup(regs: u64, nr: u32, newfd: i64) {
+    if nr == nr!(fcntl) {
+        let cmd = arg(regs, 1);
+        if cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC {
+            return;
+        }
+    }
+    let tgid = tgid();
+    let old = (tgid as u64) << 32 | arg(regs, 0) & 0xffff_ffff;
+    let new = (tgid as u64) << 32 | newfd as u64 & 0xffff_ffff;
+    if old == new {
+        return;
+    }
+    // SAFETY: only presence is tested; no reference is kept.
+    if unsafe { TMPFS_FDS.get(old) }.is_none() {
+        // SAFETY: as above.
+        if unsafe { TMPFS_FDS.get(new) }.is_some() {
+            let _ = TMPFS_FDS.remove(new);
+            if let Some(mut e) = emit::start(Ring::Events, EventKind::Close) {
+                let ev = emit::body(&mut e);
+                ev.syscall = nr!(close);
+                ev.args[0] = newfd as u64;
+                e.submit(0);
+            }
+        }
+        return;
+    }
+    let file = kernel::fd_file(newfd as u64);
+    let inode = kernel::tmpfs_inode(file);
+    if inode == 0 {
+        return;
+    }
+    let _ = TMPFS_FDS.insert(new, 1, 0);
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
+        return;
+    };
+    let ev = emit::body(&mut e);
+    ev.syscall = nr;
+    ev.ret = newfd;
+    ev.args[0] = arg(regs, 0);
+    kernel::fill_file_info(&mut ev.file, file, inode);
+    e.submit(0);
 }
 
 /// fds that arrive over a unix socket (how PyTorch passes its segments):

@@ -52,6 +52,8 @@ pub enum Syscall {
     Munmap,
     Close,
     Recvmsg,
+    /// dup, dup2, dup3, fcntl(F_DUPFD, F_DUPFD_CLOEXEC): a second fd.
+    Dup,
 }
 
 impl Syscall {
@@ -80,6 +82,7 @@ impl Syscall {
             Self::Munmap => "munmap",
             Self::Close => "close",
             Self::Recvmsg => "recvmsg",
+            Self::Dup => "dup",
         }
     }
 }

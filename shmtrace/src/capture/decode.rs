@@ -74,6 +74,7 @@ impl Decoder {
             x if x == n.munmap => Syscall::Munmap,
             x if x == n.close => Syscall::Close,
             x if x == n.recvmsg => Syscall::Recvmsg,
+            x if x == n.dup || x == n.dup2 || x == n.dup3 || x == n.fcntl => Syscall::Dup,
             _ => return None,
         })
     }
@@ -163,6 +164,8 @@ impl Decoder {
                 let flags = match syscall {
                     Syscall::Openat => a[2],
                     Syscall::Creat => O_CREAT,
+                    // A duplicate holds the file; it creates nothing.
+                    Syscall::Dup => 0,
                     _ => a[1],
                 };
                 Event::Opened {

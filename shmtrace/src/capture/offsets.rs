@@ -183,6 +183,10 @@ pub fn syscall_nrs() -> SyscallNrs {
         munmap: n(libc::SYS_munmap),
         close: n(libc::SYS_close),
         recvmsg: n(libc::SYS_recvmsg),
+        dup: n(libc::SYS_dup),
+        dup2: n(libc::SYS_dup2),
+        dup3: n(libc::SYS_dup3),
+        fcntl: n(libc::SYS_fcntl),
     }
 }
 

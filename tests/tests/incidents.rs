@@ -1,0 +1,196 @@
+//! Node-wide incidents: each /dev/shm that fails is its own story, with its
+//! own first failure and diagnosis, written to its own file; bytes written
+//! through duplicated fds (shell redirection, dd) are attributed.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+/// A "pod": a mount namespace of its own with a 32 MiB /dev/shm that dd
+/// overfills; prints its pid (dd's, after exec) first.
+fn pod(file: &str) -> u64 {
+    let script = format!(
+        "mount -t tmpfs -o size=32m tmpfs /dev/shm && echo $$ && \
+         exec dd if=/dev/zero of=/dev/shm/{file} bs=1M count=40"
+    );
+    let argv = in_private_ns(&script);
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn incident_of(r: &Value, pid: u64) -> Option<&Value> {
+    r["incidents"]
+        .as_array()?
+        .iter()
+        .find(|i| i["first_failure"]["pid"].as_u64() == Some(pid))
+}
+
+#[test]
+fn two_pods_filling_their_dev_shm_three_seconds_apart_are_two_incidents() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("incidents");
+    let (report, incidents) = (dir.join("r.json"), dir.join("incidents"));
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = Command::new(shmtrace())
+        .args(["--quiet", "--incident-quiet", "2", "--incidents-dir"])
+        .arg(&incidents)
+        .arg("--report")
+        .arg(&report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.pids.push(tracer.id());
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    let a = pod("a");
+    std::thread::sleep(Duration::from_secs(3));
+    let b = pod("b");
+    // Both closed: quiet for 2 s after their last failure.
+    let r = report_until(&report, "two closed incidents", |r| {
+        [a, b]
+            .iter()
+            .all(|p| incident_of(r, *p).is_some_and(|i| i["state"] == "closed"))
+    });
+    let (ia, ib) = (incident_of(&r, a).unwrap(), incident_of(&r, b).unwrap());
+    assert_ne!(ia["id"], ib["id"]);
+    assert!(ia["id"].as_u64() < ib["id"].as_u64(), "ordered by first failure");
+    for (i, pid, file) in [(ia, a, "a"), (ib, b, "b")] {
+        assert_eq!(i["first_failure"]["path"], format!("/dev/shm/{file}"));
+        assert_eq!(i["mount"]["size_bytes"], 32 << 20);
+        let d = &i["diagnosis"];
+        let summary = d["summary"].as_str().unwrap();
+        assert!(
+            summary.starts_with(&format!("pid {pid} (dd)")) && !summary.contains("collateral"),
+            "{summary}"
+        );
+        assert_eq!(d["recommended_shm_bytes"], 64 << 20, "{d}");
+    }
+    // Pod B's own failure is first in its incident, not later in A's.
+    assert!(
+        ia["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["pid"].as_u64() != Some(b)),
+        "{}",
+        ia["failures"]
+    );
+    // One file per incident, final (closed), named by time and subject.
+    let mut files: Vec<String> = std::fs::read_dir(&incidents)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let ours: Vec<Value> = files
+        .iter()
+        .map(|f| {
+            serde_json::from_str::<Value>(&std::fs::read_to_string(incidents.join(f)).unwrap())
+                .unwrap()
+        })
+        .filter(|i| [a, b].contains(&i["first_failure"]["pid"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ours.len(), 2, "{files:?}");
+    assert!(ours.iter().all(|i| i["state"] == "closed"));
+    assert!(files.iter().all(|f| f.starts_with("shm-incident-") && f.ends_with(".json")));
+    // Log collectors get one line per incident opened and closed.
+    signal(tracer.id(), libc::SIGTERM);
+    let mut out = String::new();
+    tracer.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(tracer.wait().unwrap().success());
+    for pid in [a, b] {
+        for event in ["opened", "closed"] {
+            assert!(
+                out.lines().any(|l| {
+                    let v: Value = serde_json::from_str(l).unwrap();
+                    v["event"] == event && v["first_pid"].as_u64() == Some(pid)
+                }),
+                "{event} {pid}: {out}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bytes_written_through_duplicated_fds_are_attributed() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("dup");
+    let report = dir.join("r.json");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&[], &report);
+    cleanup.pids.push(tracer.id());
+    // The shell opens fd 3 with O_CREAT (on fd 10, then moved: fcntl
+    // F_DUPFD + close); dd writes to its stdout, a dup2 of a redirection.
+    let script = "mount -t tmpfs -o size=64m tmpfs /dev/shm && echo $$ && \
+        exec 3>/dev/shm/held && \
+        dd if=/dev/zero bs=1M count=20 >&3 2>/dev/null && \
+        dd if=/dev/zero of=/dev/shm/dd bs=1M count=12 2>/dev/null && \
+        exec sleep 30";
+    let argv = in_private_ns(script);
+    let mut job = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.pids.push(job.id());
+    let mut line = String::new();
+    BufReader::new(job.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u64 = line.trim().parse().unwrap();
+    let file = |r: &Value, name: &str| -> Option<Value> {
+        r["files"]
+            .as_array()?
+            .iter()
+            .find(|f| f["name"] == name && f["allocated_bytes"].as_u64() > Some(0))
+            .cloned()
+    };
+    let r = report_until(&report, "both files measured", |r| {
+        file(r, "held").is_some_and(|f| f["allocated_bytes"] == 20 << 20)
+            && file(r, "dd").is_some_and(|f| f["allocated_bytes"] == 12 << 20)
+    });
+    let held = file(&r, "held").unwrap();
+    // Still held by the shell (now sleep, same pid) through fd 3.
+    assert!(
+        held["fd_holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_u64() == Some(pid)),
+        "{held}"
+    );
+    let proc_ = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap()
+        .clone();
+    assert!(proc_["held_bytes"].as_u64() >= Some(20 << 20), "{proc_}");
+    let _ = job.kill();
+    let _ = job.wait();
+    signal(tracer.id(), libc::SIGTERM);
+    let _ = tracer.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child we started.
+    unsafe { libc::kill(pid as i32, sig) };
+}
