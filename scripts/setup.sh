@@ -49,6 +49,8 @@ if [[ $want_test -eq 1 ]]; then
     # bpftool: tests check nothing stays attached. tmux: live-view tests.
     # python3-torch: Debian's PyTorch 1.13 (SIGBUS path).
     apt_install bpftool tmux python3-torch python3-venv
+    # A real container runtime (runc: crun refuses hybrid cgroup layouts).
+    apt_install podman runc conmon
     # PyPI's PyTorch (posix_fallocate ENOSPC path), kept outside the checkout.
     venv=${SHMTRACE_TORCH_VENV:-/var/cache/shmtrace/torch-venv}
     if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then

@@ -107,6 +107,12 @@ pub struct OutputArgs {
     /// closes; a later failure there opens a new one.
     #[arg(long, value_name = "SECONDS", global = true, default_value_t = 60)]
     pub incident_quiet: u64,
+
+    /// Node-wide: the identity labels metrics carry, a comma-separated
+    /// subset of namespace,pod,container (fewer labels, fewer series; the
+    /// series a dropped label split are summed). Never a pid.
+    #[arg(long, value_name = "LABELS", global = true, default_value = "namespace,pod,container")]
+    pub metrics_labels: crate::output::metrics::LabelSet,
 }
 
 impl OutputArgs {
@@ -120,6 +126,7 @@ impl OutputArgs {
             metrics: self.metrics.clone(),
             incidents_dir: self.incidents_dir.clone(),
             incident_quiet: std::time::Duration::from_secs(self.incident_quiet),
+            metrics_labels: self.metrics_labels,
         }
     }
 }

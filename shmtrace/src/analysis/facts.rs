@@ -198,6 +198,7 @@ fn mounts(st: &State) -> Vec<MountReport> {
                     host_mountpoint: a.host_mountpoint,
                     dev: a.dev,
                     mount_ns: a.mount_ns,
+                    view_ns: a.mount_ns,
                     size_bytes: a.size_bytes,
                     used_bytes: a.used_bytes,
                     free_bytes: a.free_bytes,

@@ -54,14 +54,14 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     if let Some(a) = &metrics_addr {
         eprintln!("shmtrace: metrics on http://{a}/metrics");
     }
-    let mut names = metrics::PodNames::default();
+    let keep = session.outputs().metrics_labels;
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => break,
             Some(reply) = scrape(scrapes.as_mut()) => {
-                let body = metrics::render(&session.state, &session.tracer.counters(), &mut names);
+                let body = metrics::render(&session.state, &session.tracer.counters(), keep);
                 let _ = reply.send(body);
             }
             _ = session.step(Duration::from_millis(200)) => {}

@@ -36,6 +36,8 @@ pub struct Outputs {
     pub incidents_dir: Option<PathBuf>,
     /// An incident closes after this long without a failure on its mount.
     pub incident_quiet: Duration,
+    /// Identity labels on metrics series.
+    pub metrics_labels: output::metrics::LabelSet,
 }
 
 pub struct Session {
@@ -89,6 +91,10 @@ impl Session {
             node: all_processes,
             incidents,
         })
+    }
+
+    pub fn outputs(&self) -> &Outputs {
+        &self.outputs
     }
 
     /// Registers a process that exists already (see [`State::add_existing`]).

@@ -17,52 +17,45 @@ use crate::{
     state::{State, containers::Container},
 };
 
-/// Pod namespace, pod name and container name for a container id, from the
-/// kubelet's /var/log/containers/<pod>_<namespace>_<container>-<id>.log
-/// links (no API server needed). Re-read on a miss at most every 30 s.
-#[derive(Default)]
-pub struct PodNames {
-    by_id: BTreeMap<String, (String, String, String)>,
-    last_read: Option<std::time::Instant>,
+/// Which identity labels series carry (`--metrics-labels`, like
+/// Tetragon's metricsLabelFilter): fewer labels, fewer series. A label left
+/// out is empty, and the series it split are summed.
+#[derive(Clone, Copy, Debug)]
+pub struct LabelSet {
+    pub namespace: bool,
+    pub pod: bool,
+    pub container: bool,
 }
 
-pub const KUBELET_LOGS: &str = "/var/log/containers";
-
-impl PodNames {
-    pub fn lookup(&mut self, id: &str) -> Option<&(String, String, String)> {
-        if !self.by_id.contains_key(id)
-            && self.last_read.is_none_or(|t| t.elapsed().as_secs() >= 30)
-        {
-            self.last_read = Some(std::time::Instant::now());
-            self.by_id = read_kubelet_logs(std::path::Path::new(KUBELET_LOGS));
+impl Default for LabelSet {
+    fn default() -> Self {
+        Self {
+            namespace: true,
+            pod: true,
+            container: true,
         }
-        self.by_id.get(id)
     }
 }
 
-fn read_kubelet_logs(dir: &std::path::Path) -> BTreeMap<String, (String, String, String)> {
-    let mut out = BTreeMap::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(stem) = name.strip_suffix(".log") else {
-            continue;
+impl std::str::FromStr for LabelSet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut l = Self {
+            namespace: false,
+            pod: false,
+            container: false,
         };
-        // <pod>_<namespace>_<container>-<64 hex>
-        let Some((rest, id)) = stem.rsplit_once('-') else {
-            continue;
-        };
-        let mut parts = rest.splitn(3, '_');
-        if let (Some(pod), Some(ns), Some(container)) = (parts.next(), parts.next(), parts.next()) {
-            out.insert(
-                id.to_string(),
-                (ns.to_string(), pod.to_string(), container.to_string()),
-            );
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "namespace" => l.namespace = true,
+                "pod" => l.pod = true,
+                "container" => l.container = true,
+                x => return Err(format!("unknown label `{x}` (use namespace, pod, container)")),
+            }
         }
+        Ok(l)
     }
-    out
 }
 
 /// Who a series is about: names when the kubelet's logs tell them, else
@@ -102,32 +95,48 @@ struct Version {
     version: String,
 }
 
-fn pod(c: Option<&Container>, names: &mut PodNames) -> Pod {
+/// Kubernetes names when known (pod namespace, pod, container); else a
+/// runtime's container name, or the pod UID and a short container id;
+/// empty for the host. Only the labels in `keep`.
+fn pod(c: Option<&Container>, keep: LabelSet) -> Pod {
     let Some(c) = c else {
         return Pod::default();
     };
-    if let Some(id) = &c.container_id
-        && let Some((namespace, pod, container)) = names.lookup(id).cloned()
-    {
-        return Pod {
-            namespace,
-            pod,
-            container,
-        };
+    let short = c
+        .container_id
+        .as_deref()
+        .map(|i| i[..i.len().min(12)].to_string());
+    let mut p = match &c.pod {
+        Some(k) => Pod {
+            namespace: k.namespace.clone(),
+            pod: k.name.clone(),
+            container: k.container.name.clone().or(short).unwrap_or_default(),
+        },
+        None => Pod {
+            namespace: String::new(),
+            pod: c.pod_uid.clone().unwrap_or_default(),
+            container: c.name.clone().or(short).unwrap_or_default(),
+        },
+    };
+    if !keep.namespace {
+        p.namespace.clear();
     }
-    Pod {
-        namespace: String::new(),
-        pod: c.pod_uid.clone().unwrap_or_default(),
-        container: c
-            .container_id
-            .as_deref()
-            .map(|i| i[..i.len().min(12)].to_string())
-            .unwrap_or_default(),
+    if !keep.pod {
+        p.pod.clear();
     }
+    if !keep.container {
+        p.container.clear();
+    }
+    p
+}
+
+/// A failure's container as known now (its names may have come later).
+fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
+    c.map(|c| st.containers.by_cgroup(&c.cgroup).unwrap_or(c))
 }
 
 /// The metrics as they stand, in the OpenMetrics text format.
-pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
+pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     let mut reg = Registry::default();
     let info = Family::<Version, Gauge>::default();
     info.get_or_create(&Version {
@@ -136,12 +145,14 @@ pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
     .set(1);
     reg.register("shmtrace_build_info", "shmtrace version", info);
 
-    // A mount belongs to the container of a live process in its namespace.
-    let ns_container: BTreeMap<u32, Option<&Container>> = st
-        .procs
-        .alive()
-        .map(|p| (p.mnt_ns, p.container.as_ref()))
-        .collect();
+    // A mount belongs to the container of a process in the namespace it
+    // is seen from (live ones first; a stopped container's stays named).
+    let mut ns_container: BTreeMap<u32, Option<&Container>> = BTreeMap::new();
+    for p in st.procs.all().filter(|p| !p.alive()).chain(st.procs.alive()) {
+        if let Some(c) = p.container.as_ref() {
+            ns_container.insert(p.mnt_ns, Some(named(st, Some(c)).unwrap_or(c)));
+        }
+    }
     let size = Family::<MountLabels, Gauge>::default();
     let used = Family::<MountLabels, Gauge>::default();
     let peak = Family::<MountLabels, Gauge>::default();
@@ -150,7 +161,7 @@ pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
         let labels = MountLabels {
             mountpoint: m.mountpoint.clone().unwrap_or_default(),
             dev: m.dev.clone(),
-            pod: pod(ns_container.get(&m.mount_ns).copied().flatten(), names),
+            pod: pod(ns_container.get(&m.view_ns).copied().flatten(), keep),
         };
         if let Some(v) = m.size_bytes {
             size.get_or_create(&labels).set(v as i64);
@@ -199,7 +210,7 @@ pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
     for (c, pids) in by_container.values() {
         let bytes = st.files.held_by_any(pids);
         if bytes > 0 {
-            held.get_or_create(&pod(*c, names)).set(bytes as i64);
+            held.get_or_create(&pod(*c, keep)).inc_by(bytes as i64);
         }
     }
     reg.register(
@@ -214,10 +225,33 @@ pub fn render(st: &State, counters: &Counters, names: &mut PodNames) -> String {
             .get_or_create(&FailureLabels {
                 reason: f.reason.name().to_string(),
                 kind: f.kind.to_string(),
-                pod: pod(f.container.as_ref(), names),
+                pod: pod(named(st, f.container.as_ref()), keep),
             })
             .inc_by(1 + f.repeats);
     }
+    let incidents = Family::<Pod, Counter>::default();
+    let open = Family::<Pod, Gauge>::default();
+    for i in st.incidents.all() {
+        let c = st
+            .failures
+            .all()
+            .iter()
+            .find(|f| f.incident == i.id)
+            .and_then(|f| named(st, f.container.as_ref()));
+        let labels = pod(c, keep);
+        incidents.get_or_create(&labels).inc();
+        open.get_or_create(&labels).inc_by(i64::from(i.is_open()));
+    }
+    reg.register(
+        "shmtrace_incidents",
+        "Incidents (a tmpfs mount that failed), by pod or container",
+        incidents,
+    );
+    reg.register(
+        "shmtrace_incidents_open",
+        "Incidents still open (a failure within --incident-quiet)",
+        open,
+    );
     reg.register(
         "shmtrace_shm_failures",
         "Shared-memory failures seen, by cause and kind (repeats included)",
@@ -336,7 +370,7 @@ mod tests {
         st.tick(&mut host);
         let mut c = Counters::default();
         c.lost.events_ring = 7;
-        let text = render(&st, &c, &mut PodNames::default());
+        let text = render(&st, &c, LabelSet::default());
         assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
         assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
         assert!(
@@ -349,10 +383,28 @@ mod tests {
         for m in st2.mount_stats.by_dev.values_mut() {
             m.mountpoint = Some("/x\"} 1\nshmtrace_fake 2".into());
         }
-        let text = render(&st2, &c, &mut PodNames::default());
+        let text = render(&st2, &c, LabelSet::default());
         assert!(
             !text.lines().any(|l| l.starts_with("shmtrace_fake")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn label_sets_parse_and_pods_are_named() {
+        let keep: LabelSet = "namespace,pod".parse().unwrap();
+        assert!(keep.namespace && keep.pod && !keep.container);
+        assert!("pid".parse::<LabelSet>().is_err());
+        let mut c = crate::state::containers::parse(
+            "/kubepods/besteffort/pod1b2c3d4e-0000-4000-8000-00000000beef/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        );
+        c.named(crate::state::containers::Names {
+            container: Some("w".into()),
+            pod_namespace: Some("ml".into()),
+            pod_name: Some("job-0".into()),
+        });
+        let p = pod(Some(&c), LabelSet::default());
+        assert_eq!((p.namespace.as_str(), p.pod.as_str(), p.container.as_str()), ("ml", "job-0", "w"));
+        assert_eq!(pod(Some(&c), keep).container, "");
     }
 }

@@ -436,6 +436,10 @@ impl State {
             let host_mp = self.mounts.host_mountpoint(dev, self_ns, &shown.mountpoint);
             self.mount_stats
                 .observe(&shown, host_mp, ns, usage, tracked);
+            let view_ns = self.mounts.view_ns(dev, self_ns);
+            if let Some(s) = self.mount_stats.by_dev.get_mut(&dev) {
+                s.view_ns = view_ns;
+            }
         }
         // Pids as containers see them (what their logs print), a few a tick.
         let unread: Vec<u32> = self

@@ -181,6 +181,17 @@ impl MountTables {
             .or_else(|| self.by_dev(dev))
     }
 
+    /// The namespace whose view [`Self::view`] shows without a process at
+    /// hand: a namespace where `dev` is `/dev/shm` (a container's), else
+    /// the host's.
+    pub fn view_ns(&self, dev: Dev, self_ns: u32) -> u32 {
+        let mut nss: Vec<u32> = self.by_ns.keys().copied().collect();
+        nss.sort();
+        nss.into_iter()
+            .find(|&ns| self.visible_in(ns, dev).is_some_and(|m| m.mountpoint == "/dev/shm"))
+            .unwrap_or(self_ns)
+    }
+
     /// `dev`'s mountpoint on the host (shmtrace's own namespace), when it
     /// differs from `shown`: where an operator finds it from the node.
     pub fn host_mountpoint(&self, dev: Dev, self_ns: u32, shown: &str) -> Option<String> {
@@ -230,6 +241,9 @@ pub struct MountStat {
     pub host_mountpoint: Option<String>,
     pub dev: String,
     pub mount_ns: u32,
+    /// The namespace it is shown as seen from (its users', a container's).
+    #[serde(skip)]
+    pub view_ns: u32,
     pub size_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
@@ -268,6 +282,7 @@ impl MountStats {
             host_mountpoint: None,
             dev: m.dev.to_string(),
             mount_ns: ns,
+            view_ns: ns,
             size_bytes: None,
             used_bytes: None,
             free_bytes: None,

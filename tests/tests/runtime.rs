@@ -1,0 +1,286 @@
+//! A real container runtime (Podman from Debian, runc): a container with
+//! the runtime's default /dev/shm fills it while shmtrace runs node-wide;
+//! and shmtrace itself in a container the way the DaemonSet runs it (host
+//! PID namespace, read-only root, exactly the manifest's capabilities).
+//! No registry: the image is a skeleton root with the host's /usr bound in.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+/// The DaemonSet manifest's capabilities, read from deploy/daemonset.yaml.
+fn manifest_caps() -> Vec<String> {
+    let text = std::fs::read_to_string(root_dir().join("deploy/daemonset.yaml")).unwrap();
+    let add = text
+        .split("add:")
+        .nth(1)
+        .expect("capabilities.add in the manifest");
+    add.lines()
+        .skip(1)
+        .map_while(|l| l.trim().strip_prefix("- "))
+        .map(|c| c.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// A root for `podman run --rootfs`: merged-/usr links, passwd/group, the
+/// files runc bind-mounts over, and mount points for what we bind in.
+fn rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for d in ["usr", "etc", "dev", "proc", "sys", "tmp", "run", "opt", "var/lib/shmtrace"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    for l in ["bin", "sbin", "lib", "lib64"] {
+        let _ = std::os::unix::fs::symlink(format!("usr/{l}"), root.join(l));
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    for f in ["etc/hosts", "etc/resolv.conf", "etc/hostname", "etc/ld.so.cache", "opt/shmtrace"] {
+        std::fs::write(root.join(f), "").unwrap();
+    }
+    std::fs::create_dir_all(root.join("etc/alternatives")).unwrap();
+    root
+}
+
+/// `podman run` with what this machine needs (runc, our rlimits: the
+/// defaults exceed them and setrlimit fails), the host's /usr bound in.
+fn podman_run(name: &str, extra: &[String], rootfs: &Path, cmd: &[&str]) -> Command {
+    let nofile = rlimit(libc::RLIMIT_NOFILE);
+    let nproc = rlimit(libc::RLIMIT_NPROC).min(32768);
+    let mut c = Command::new("podman");
+    c.args(["run", "--rm", "--runtime", "runc", "--network", "none", "--read-only"])
+        .args(["--name", name])
+        .arg(format!("--ulimit=nofile={nofile}:{nofile}"))
+        .arg(format!("--ulimit=nproc={nproc}:{nproc}"))
+        .args(["-v", "/usr:/usr:ro", "-v", "/etc/alternatives:/etc/alternatives:ro"])
+        .args(["-v", "/etc/ld.so.cache:/etc/ld.so.cache:ro"])
+        .args(extra)
+        .arg("--rootfs")
+        .arg(rootfs)
+        .args(cmd);
+    c
+}
+
+fn rlimit(r: libc::__rlimit_resource_t) -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    unsafe { libc::getrlimit(r, &mut l) };
+    l.rlim_max
+}
+
+fn require_podman() {
+    let ok = Command::new("podman")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "podman is missing: run scripts/setup.sh --test");
+}
+
+fn rm(name: &str) {
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", name])
+        .output();
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_podman_container_filling_its_default_dev_shm_is_an_incident_named_by_the_runtime() {
+    require_root();
+    require_podman();
+    let _lock = bpf_lock(false);
+    let dir = scratch("podman");
+    let root = rootfs(&dir);
+    let (report, incidents) = (dir.join("r.json"), dir.join("incidents"));
+    let port = 23000 + std::process::id() % 1000;
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(
+        &[
+            "--incidents-dir",
+            incidents.to_str().unwrap(),
+            "--incident-quiet",
+            "2",
+            "--metrics",
+            &format!("127.0.0.1:{port}"),
+        ],
+        &report,
+    );
+    cleanup.pids.push(tracer.id());
+    let name = format!("shmtrace-test-{}", std::process::id());
+    rm(&name);
+    // Holds the 64 MiB default with dd, then waits so the container is
+    // still there when shmtrace names it.
+    let out = podman_run(
+        &name,
+        &[],
+        &root,
+        &[
+            "/bin/sh",
+            "-c",
+            "echo $$; dd if=/dev/zero of=/dev/shm/fill bs=1M count=80 2>&1; sleep 4",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("No space left"),
+        "{}",
+        text(&out)
+    );
+    let r = report_until(&report, "the container's incident, closed", |r| {
+        r["incidents"].as_array().is_some_and(|is| {
+            is.iter().any(|i| {
+                i["container"]["name"].as_str() == Some(&name) && i["state"] == "closed"
+            })
+        })
+    });
+    let i = r["incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["container"]["name"].as_str() == Some(&name))
+        .unwrap();
+    let id = i["container"]["container_id"].as_str().unwrap();
+    assert_eq!(i["container"]["runtime"], "podman");
+    assert_eq!(id.len(), 64);
+    // As the container sees it: /dev/shm, its own pids; the host's beside.
+    let f = &i["first_failure"];
+    assert_eq!(f["path"], "/dev/shm/fill", "{f}");
+    assert!(
+        f["host_path"]
+            .as_str()
+            .is_some_and(|p| p.contains(id) && p.ends_with("/userdata/shm/fill")),
+        "{f}"
+    );
+    assert!(f["ns_pid"].as_u64().is_some_and(|n| n < 100 && n != f["pid"].as_u64().unwrap()), "{f}");
+    assert_eq!(i["mount"]["mountpoint"], "/dev/shm");
+    // Podman's default: size=64000k.
+    assert_eq!(i["mount"]["size_bytes"], 65_536_000, "{}", i["mount"]);
+    let d = &i["diagnosis"];
+    assert_eq!(d["recommended_shm_bytes"], 128 << 20, "{d}");
+    assert!(
+        d["runtime_fix"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("podman run --shm-size=128m") && s.contains(&name)),
+        "{d}"
+    );
+    // The incident file names the container.
+    let file = std::fs::read_dir(&incidents)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.contains(&name))
+        .expect("an incident file named after the container");
+    let saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(incidents.join(&file)).unwrap()).unwrap();
+    assert_eq!(saved["container"]["container_id"], id);
+    // Metrics: the container's /dev/shm by name, no pid label.
+    let metrics = http_get(port, "/metrics");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("shmtrace_tmpfs_size_bytes") && l.contains(&name))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(line.ends_with(" 65536000") && !line.contains("pid="), "{line}");
+    // Kept for the README: what an operator sees.
+    let _ = std::fs::write(dir.join("../podman-incident.json"), serde_json::to_string_pretty(&saved).unwrap());
+    let _ = std::fs::write(dir.join("../podman-metrics.txt"), &metrics);
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+    let _ = tracer.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
+    require_root();
+    require_podman();
+    let _lock = bpf_lock(false);
+    let dir = scratch("daemonset");
+    let root = rootfs(&dir);
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let caps = manifest_caps();
+    assert!(caps.contains(&"BPF".to_string()), "{caps:?}");
+    let bind = |host: &str, ctr: &str, mode: &str| vec!["-v".to_string(), format!("{host}:{ctr}:{mode}")];
+    let base = |caps: &[String]| -> Vec<String> {
+        let mut v = vec!["--pid=host".to_string(), "--cap-drop=ALL".to_string()];
+        if !caps.is_empty() {
+            v.push(format!("--cap-add={}", caps.join(",")));
+        }
+        for (h, c, m) in [
+            ("/sys/kernel/btf", "/sys/kernel/btf", "ro"),
+            ("/sys/kernel/tracing", "/sys/kernel/tracing", "ro"),
+            ("/sys/fs/cgroup", "/sys/fs/cgroup", "ro"),
+            (shmtrace().to_str().unwrap(), "/opt/shmtrace", "ro"),
+            (state.to_str().unwrap(), "/var/lib/shmtrace", "rw"),
+        ] {
+            v.extend(bind(h, c, m));
+        }
+        v
+    };
+    // One capability fewer: a clear error, not a half-working tracer.
+    let name = format!("shmtrace-ds-{}", std::process::id());
+    rm(&name);
+    let fewer: Vec<String> = caps.iter().filter(|c| *c != "BPF").cloned().collect();
+    let out = podman_run(&name, &base(&fewer), &root, &["/opt/shmtrace", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("CAP_BPF"), "{}", text(&out));
+    // Exactly the manifest's: it traces the node.
+    let mut ds = podman_run(
+        &name,
+        &base(&caps),
+        &root,
+        &["/opt/shmtrace", "--quiet", "--report", "/var/lib/shmtrace/r.json"],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(ds.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    let argv = in_private_ns(
+        "mount -t tmpfs -o size=8m tmpfs /dev/shm && echo $$ && \
+         exec dd if=/dev/zero of=/dev/shm/a bs=1M count=10",
+    );
+    let job = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let pid: u64 = String::from_utf8_lossy(&job.stdout).trim().parse().unwrap();
+    let r = report_until(&state.join("r.json"), "the host job's failure", |r| {
+        r["first_failure"]["pid"].as_u64() == Some(pid)
+    });
+    assert_eq!(r["first_failure"]["path"], "/dev/shm/a");
+    assert_eq!(r["first_failure"]["mount"]["size_bytes"], 8 << 20);
+    assert!(
+        r["notes"].as_array().unwrap().iter().all(|n| !n.as_str().unwrap().contains("PID namespace")),
+        "{}",
+        r["notes"]
+    );
+    let _ = Command::new("podman")
+        .args(["kill", "--signal", "TERM", &name])
+        .output();
+    let _ = ds.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    rm(&name);
+    let _ = std::fs::remove_dir_all(dir);
+}
