@@ -111,7 +111,12 @@ pub struct OutputArgs {
     /// Node-wide: the identity labels metrics carry, a comma-separated
     /// subset of namespace,pod,container (fewer labels, fewer series; the
     /// series a dropped label split are summed). Never a pid.
-    #[arg(long, value_name = "LABELS", global = true, default_value = "namespace,pod,container")]
+    #[arg(
+        long,
+        value_name = "LABELS",
+        global = true,
+        default_value = "namespace,pod,container"
+    )]
     pub metrics_labels: crate::output::metrics::LabelSet,
 }
 

@@ -67,7 +67,10 @@ fn two_pods_filling_their_dev_shm_three_seconds_apart_are_two_incidents() {
     });
     let (ia, ib) = (incident_of(&r, a).unwrap(), incident_of(&r, b).unwrap());
     assert_ne!(ia["id"], ib["id"]);
-    assert!(ia["id"].as_u64() < ib["id"].as_u64(), "ordered by first failure");
+    assert!(
+        ia["id"].as_u64() < ib["id"].as_u64(),
+        "ordered by first failure"
+    );
     for (i, pid, file) in [(ia, a, "a"), (ib, b, "b")] {
         assert_eq!(i["first_failure"]["path"], format!("/dev/shm/{file}"));
         assert_eq!(i["mount"]["size_bytes"], 32 << 20);
@@ -106,11 +109,20 @@ fn two_pods_filling_their_dev_shm_three_seconds_apart_are_two_incidents() {
         .collect();
     assert_eq!(ours.len(), 2, "{files:?}");
     assert!(ours.iter().all(|i| i["state"] == "closed"));
-    assert!(files.iter().all(|f| f.starts_with("shm-incident-") && f.ends_with(".json")));
+    assert!(
+        files
+            .iter()
+            .all(|f| f.starts_with("shm-incident-") && f.ends_with(".json"))
+    );
     // Log collectors get one line per incident opened and closed.
     signal(tracer.id(), libc::SIGTERM);
     let mut out = String::new();
-    tracer.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    tracer
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     assert!(tracer.wait().unwrap().success());
     for pid in [a, b] {
         for event in ["opened", "closed"] {

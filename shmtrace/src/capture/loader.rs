@@ -153,7 +153,19 @@ impl Tracer {
                 env!("OUT_DIR"),
                 "/shmtrace"
             )))
-            .context("cannot load shmtrace's eBPF object into the kernel")?;
+            .map_err(|e| {
+                let admin = super::preflight::has_cap(super::preflight::effective_caps(), 21);
+                let hint = if !admin && format!("{e:?}").contains("Operation not permitted") {
+                    ": the kernel refused without CAP_SYS_ADMIN (CAP_BPF alone is not enough \
+                     here, as in a container with --cap-add BPF): add SYS_ADMIN, as the \
+                     DaemonSet manifest does"
+                } else {
+                    ""
+                };
+                anyhow::Error::new(e).context(format!(
+                    "cannot load shmtrace's eBPF object into the kernel{hint}"
+                ))
+            })?;
 
         let mut hooks = Vec::new();
         for &(prog, kind, category, name, required, loses) in HOOKS {

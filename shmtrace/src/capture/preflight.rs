@@ -50,7 +50,7 @@ pub fn check_privileges() -> Result<()> {
     };
     bail!(
         "shmtrace is {who}: {}.\n  Run it with sudo (sudo shmtrace ...), or in a container give it \
-         --cap-add BPF,PERFMON,SYS_PTRACE (and SYS_ADMIN for `run --shm-size`).",
+         --cap-add BPF,PERFMON,SYS_PTRACE,SYS_ADMIN (SYS_ADMIN: setns into pods' mount namespaces, `run --shm-size`, and BPF maps on kernels that want it; see deploy/daemonset.yaml).",
         missing.join(", ")
     )
 }

@@ -51,7 +51,11 @@ impl std::str::FromStr for LabelSet {
                 "namespace" => l.namespace = true,
                 "pod" => l.pod = true,
                 "container" => l.container = true,
-                x => return Err(format!("unknown label `{x}` (use namespace, pod, container)")),
+                x => {
+                    return Err(format!(
+                        "unknown label `{x}` (use namespace, pod, container)"
+                    ));
+                }
             }
         }
         Ok(l)
@@ -148,7 +152,12 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     // A mount belongs to the container of a process in the namespace it
     // is seen from (live ones first; a stopped container's stays named).
     let mut ns_container: BTreeMap<u32, Option<&Container>> = BTreeMap::new();
-    for p in st.procs.all().filter(|p| !p.alive()).chain(st.procs.alive()) {
+    for p in st
+        .procs
+        .all()
+        .filter(|p| !p.alive())
+        .chain(st.procs.alive())
+    {
         if let Some(c) = p.container.as_ref() {
             ns_container.insert(p.mnt_ns, Some(named(st, Some(c)).unwrap_or(c)));
         }
@@ -404,7 +413,10 @@ mod tests {
             pod_name: Some("job-0".into()),
         });
         let p = pod(Some(&c), LabelSet::default());
-        assert_eq!((p.namespace.as_str(), p.pod.as_str(), p.container.as_str()), ("ml", "job-0", "w"));
+        assert_eq!(
+            (p.namespace.as_str(), p.pod.as_str(), p.container.as_str()),
+            ("ml", "job-0", "w")
+        );
         assert_eq!(pod(Some(&c), keep).container, "");
     }
 }

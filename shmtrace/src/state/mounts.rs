@@ -188,7 +188,10 @@ impl MountTables {
         let mut nss: Vec<u32> = self.by_ns.keys().copied().collect();
         nss.sort();
         nss.into_iter()
-            .find(|&ns| self.visible_in(ns, dev).is_some_and(|m| m.mountpoint == "/dev/shm"))
+            .find(|&ns| {
+                self.visible_in(ns, dev)
+                    .is_some_and(|m| m.mountpoint == "/dev/shm")
+            })
             .unwrap_or(self_ns)
     }
 
