@@ -48,7 +48,7 @@ Examples:
 pub struct Cli {
     /// Attach to this running process and all its descendants (present and
     /// future) until they have all exited, or Ctrl-C.
-    #[arg(short, long, value_name = "PID")]
+    #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
 
     #[command(flatten)]
@@ -118,6 +118,29 @@ pub struct OutputArgs {
         default_value = "namespace,pod,container"
     )]
     pub metrics_labels: crate::output::metrics::LabelSet,
+
+    /// Live stream: only pods in this Kubernetes namespace.
+    #[arg(short = 'n', long = "namespace", value_name = "NS", global = true)]
+    pub k8s_namespace: Option<String>,
+
+    /// Live stream: only this pod (name, or UID).
+    #[arg(short = 'p', long = "podname", value_name = "POD", global = true)]
+    pub podname: Option<String>,
+
+    /// Live stream: only this container (Kubernetes or runtime name, or an
+    /// id prefix of at least 12 characters).
+    #[arg(
+        short = 'c',
+        long = "containername",
+        value_name = "NAME",
+        global = true
+    )]
+    pub containername: Option<String>,
+
+    /// Live stream format: `columns` (the live view on stderr) or `json`
+    /// (one JSON object per failure on stdout, as it happens).
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", global = true, default_value = "columns", value_parser = ["columns", "json"])]
+    pub output: String,
 }
 
 impl OutputArgs {
@@ -132,6 +155,12 @@ impl OutputArgs {
             incidents_dir: self.incidents_dir.clone(),
             incident_quiet: std::time::Duration::from_secs(self.incident_quiet),
             metrics_labels: self.metrics_labels,
+            filter: crate::output::filter::Filter {
+                namespace: self.k8s_namespace.clone(),
+                pod: self.podname.clone(),
+                container: self.containername.clone(),
+            },
+            json: self.output == "json",
         }
     }
 }

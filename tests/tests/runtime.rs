@@ -346,3 +346,80 @@ fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
     rm(&name);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn the_live_stream_follows_container_filters_as_json_lines() {
+    require_root();
+    require_podman();
+    let _lock = bpf_lock(false);
+    let dir = scratch("filter");
+    let root = rootfs(&dir);
+    let report = dir.join("r.json");
+    let (a, b) = (
+        format!("shmtrace-fa-{}", std::process::id()),
+        format!("shmtrace-fb-{}", std::process::id()),
+    );
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = Command::new(shmtrace())
+        .args(["--quiet", "-o", "json", "-c", &a, "--report"])
+        .arg(&report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.pids.push(tracer.id());
+    let mut line = String::new();
+    BufReader::new(tracer.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    for name in [&a, &b] {
+        rm(name);
+        let out = podman_run(
+            name,
+            &["--shm-size=8m".to_string()],
+            &root,
+            &[
+                "/bin/sh",
+                "-c",
+                "dd if=/dev/zero of=/dev/shm/f bs=1M count=16 2>&1; sleep 2",
+            ],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("No space left"),
+            "{}",
+            text(&out)
+        );
+    }
+    // Both failures are in the report; only A's is streamed.
+    report_until(&report, "both containers' failures", |r| {
+        [&a, &b].iter().all(|n| {
+            r["failures"].as_array().is_some_and(|fs| {
+                fs.iter()
+                    .any(|f| f["container"]["name"].as_str() == Some(n.as_str()))
+            })
+        })
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+    let out = tracer.wait_with_output().unwrap();
+    let stream = String::from_utf8_lossy(&out.stdout);
+    let failures: Vec<Value> = stream
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "failure")
+        .collect();
+    assert!(!failures.is_empty(), "{stream}");
+    for f in &failures {
+        assert_eq!(
+            f["failure"]["container"]["name"].as_str(),
+            Some(a.as_str()),
+            "{f}"
+        );
+        assert_eq!(f["failure"]["path"], "/dev/shm/f");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

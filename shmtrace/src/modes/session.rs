@@ -38,6 +38,10 @@ pub struct Outputs {
     pub incident_quiet: Duration,
     /// Identity labels on metrics series.
     pub metrics_labels: output::metrics::LabelSet,
+    /// -n/-p/-c: what the live stream shows.
+    pub filter: output::filter::Filter,
+    /// -o json: the live stream as JSON lines on stdout.
+    pub json: bool,
 }
 
 pub struct Session {
@@ -77,7 +81,12 @@ impl Session {
         for n in &tracer.notes {
             eprintln!("shmtrace: note: {n}");
         }
-        let live = (outputs.live && !outputs.quiet).then(Live::new);
+        let live = (outputs.json || (outputs.live && !outputs.quiet)).then(|| {
+            let mut l = Live::new();
+            l.filter = outputs.filter.clone();
+            l.json = outputs.json;
+            l
+        });
         let mut host = ProcHost::new();
         Ok(Self {
             tracer,

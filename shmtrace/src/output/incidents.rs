@@ -163,6 +163,7 @@ fn utc_stamp(t: SystemTime) -> String {
 pub fn log_line(event: &str, i: &IncidentReport, path: &Path) -> String {
     let d = i.diagnosis.as_ref();
     json!({
+        "type": "incident",
         "msg": format!("shm incident {event}"),
         "event": event,
         "incident": i.id,

@@ -10,7 +10,11 @@ use std::{
     time::Instant,
 };
 
-use crate::{state::State, units::human_bytes};
+use super::filter::Filter;
+use crate::{
+    state::{State, containers::Container, failures::Failure, procs::Proc},
+    units::human_bytes,
+};
 
 const TOP: usize = 8;
 const BAR: usize = 24;
@@ -20,6 +24,13 @@ pub struct Live {
     entered: bool,
     last_line: String,
     started: Instant,
+    /// -n/-p/-c: only these pods' and containers' processes, mounts and
+    /// failures.
+    pub filter: Filter,
+    /// -o json: one JSON line per new failure on stdout instead.
+    pub json: bool,
+    /// Failures already streamed (-o json), by (pid, ts).
+    streamed: std::collections::HashSet<(u32, u64)>,
 }
 
 impl Default for Live {
@@ -35,10 +46,17 @@ impl Live {
             entered: false,
             last_line: String::new(),
             started: Instant::now(),
+            filter: Filter::default(),
+            json: false,
+            streamed: Default::default(),
         }
     }
 
     pub fn show(&mut self, st: &State, lost: u64) {
+        if self.json {
+            self.stream(st);
+            return;
+        }
         let mut err = std::io::stderr().lock();
         if self.tty {
             let screen = self.screen(st, lost);
@@ -55,6 +73,36 @@ impl Live {
         let _ = err.flush();
     }
 
+    /// -o json: each failure that passes the filter, once, as one line.
+    fn stream(&mut self, st: &State) {
+        let mut out = std::io::stdout().lock();
+        let mut new: Vec<&Failure> = st
+            .failures
+            .all()
+            .iter()
+            .filter(|f| !self.streamed.contains(&(f.pid, f.ts_ns)))
+            .filter(|f| self.filter.matches(named(st, f.container.as_ref())))
+            .collect();
+        new.sort_by_key(|f| f.ts_ns);
+        for f in new {
+            self.streamed.insert((f.pid, f.ts_ns));
+            let mut f = f.clone();
+            if let Some(c) = named(st, f.container.as_ref()) {
+                f.container = Some(c.clone());
+            }
+            if let Ok(line) =
+                serde_json::to_string(&serde_json::json!({"type": "failure", "failure": f}))
+            {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        let _ = out.flush();
+    }
+
+    fn shows(&self, st: &State, p: &Proc) -> bool {
+        self.filter.matches(named(st, p.container.as_ref()))
+    }
+
     /// Leaves the alternate screen so the summary lands on the normal one.
     pub fn finish(&mut self) {
         if self.tty && self.entered {
@@ -65,7 +113,7 @@ impl Live {
 
     fn line(&self, st: &State, lost: u64) -> String {
         let mut s = format!("shmtrace +{:.0}s", self.started.elapsed().as_secs_f64());
-        for m in st.mount_stats.by_dev.values() {
+        for m in self.mounts(st) {
             if let (Some(used), Some(size)) = (m.used_bytes, m.size_bytes) {
                 let _ = write!(
                     s,
@@ -78,10 +126,10 @@ impl Live {
                 );
             }
         }
-        if let Some((pid, comm, held)) = top_processes(st).into_iter().next() {
+        if let Some((pid, comm, held)) = self.top_processes(st).into_iter().next() {
             let _ = write!(s, " | top: pid {pid} ({comm}) holds {}", human_bytes(held));
         }
-        let _ = write!(s, " | failures {} | lost {}", st.failures.len(), lost);
+        let _ = write!(s, " | failures {} | lost {}", self.failures(st).len(), lost);
         s
     }
 
@@ -91,16 +139,17 @@ impl Live {
             s,
             "shmtrace  +{:.0}s  processes {}  events {}  failures {}  lost {}\r",
             self.started.elapsed().as_secs_f64(),
-            st.procs.alive().count(),
+            st.procs.alive().filter(|p| self.shows(st, p)).count(),
             st.evidence.events_seen,
-            st.failures.len(),
+            self.failures(st).len(),
             lost
         );
         let _ = writeln!(s, "\r\nTMPFS MOUNTS\r");
-        if st.mount_stats.by_dev.is_empty() {
+        let mounts = self.mounts(st);
+        if mounts.is_empty() {
             let _ = writeln!(s, "  (none with tracked files yet)\r");
         }
-        for m in st.mount_stats.by_dev.values() {
+        for m in mounts {
             let (used, size) = (m.used_bytes.unwrap_or(0), m.size_bytes.unwrap_or(0));
             let filled = if size > 0 {
                 (used as f64 / size as f64 * BAR as f64).round() as usize
@@ -122,7 +171,7 @@ impl Live {
                 m.mount_ns
             );
         }
-        let containers = top_containers(st);
+        let containers = self.top_containers(st);
         if containers.len() > 1
             || containers
                 .iter()
@@ -137,7 +186,7 @@ impl Live {
             }
         }
         let _ = writeln!(s, "\r\nPROCESSES            PID       HELD  ALLOCATED\r");
-        for (pid, comm, held) in top_processes(st).into_iter().take(TOP) {
+        for (pid, comm, held) in self.top_processes(st).into_iter().take(TOP) {
             let alloc = st.procs.get(pid).map(|p| p.allocated_bytes).unwrap_or(0);
             let _ = writeln!(
                 s,
@@ -147,7 +196,7 @@ impl Live {
             );
         }
         let _ = writeln!(s, "\r\nRECENT FAILURES\r");
-        let mut recent: Vec<_> = st.failures.all().iter().collect();
+        let mut recent = self.failures(st);
         recent.sort_by_key(|f| f.ts_ns);
         if recent.is_empty() {
             let _ = writeln!(s, "  none\r");
@@ -176,30 +225,61 @@ fn pct(a: u64, b: u64) -> f64 {
     }
 }
 
-/// (pid, comm, held) of live processes holding the most, largest first.
-fn top_processes(st: &State) -> Vec<(u32, String, u64)> {
-    let mut v: Vec<(u32, String, u64)> = st
-        .procs
-        .alive()
-        .filter(|p| p.held_bytes > 0)
-        .map(|p| (p.pid, p.comm.clone(), p.held_bytes))
-        .collect();
-    v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
-    v
+/// A container as known now (names found after the fact included).
+fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
+    c.map(|c| st.containers.by_cgroup(&c.cgroup).unwrap_or(c))
 }
 
-fn top_containers(st: &State) -> Vec<(String, u64)> {
-    let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
-    for p in st.procs.alive() {
-        if let Some(c) = &p.container {
-            by.entry(c.label()).or_default().insert(p.pid);
-        }
+impl Live {
+    /// Mounts shown: with a filter, those seen from a namespace where a
+    /// process that passes it lives (or lived).
+    fn mounts<'a>(&self, st: &'a State) -> Vec<&'a crate::state::mounts::MountStat> {
+        st.mount_stats
+            .by_dev
+            .values()
+            .filter(|m| {
+                self.filter.is_empty()
+                    || st
+                        .procs
+                        .all()
+                        .any(|p| p.mnt_ns == m.view_ns && self.shows(st, p))
+            })
+            .collect()
     }
-    let mut v: Vec<(String, u64)> = by
-        .into_iter()
-        .map(|(l, pids)| (l, st.files.held_by_any(&pids)))
-        .filter(|(_, h)| *h > 0)
-        .collect();
-    v.sort_by_key(|c| std::cmp::Reverse(c.1));
-    v
+
+    fn failures<'a>(&self, st: &'a State) -> Vec<&'a Failure> {
+        st.failures
+            .all()
+            .iter()
+            .filter(|f| self.filter.matches(named(st, f.container.as_ref())))
+            .collect()
+    }
+
+    /// (pid, comm, held) of live processes holding the most, largest first.
+    fn top_processes(&self, st: &State) -> Vec<(u32, String, u64)> {
+        let mut v: Vec<(u32, String, u64)> = st
+            .procs
+            .alive()
+            .filter(|p| p.held_bytes > 0 && self.shows(st, p))
+            .map(|p| (p.pid, p.comm.clone(), p.held_bytes))
+            .collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        v
+    }
+
+    fn top_containers(&self, st: &State) -> Vec<(String, u64)> {
+        let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
+        for p in st.procs.alive().filter(|p| self.shows(st, p)) {
+            if let Some(c) = named(st, p.container.as_ref()) {
+                by.entry(c.label()).or_default().insert(p.pid);
+            }
+        }
+        let mut v: Vec<(String, u64)> = by
+            .into_iter()
+            .map(|(l, pids)| (l, st.files.held_by_any(&pids)))
+            .filter(|(_, h)| *h > 0)
+            .collect();
+        v.sort_by_key(|c| std::cmp::Reverse(c.1));
+        v
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod files;
+pub mod filter;
 pub mod incidents;
 pub mod live;
 pub mod metrics;
