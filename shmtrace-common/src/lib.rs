@@ -254,7 +254,7 @@ const _: () = {
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 57 * 4);
-    assert!(size_of::<SyscallNrs>() == 20 * 4);
+    assert!(size_of::<SyscallNrs>() == 23 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
 };
@@ -373,6 +373,9 @@ pub struct SyscallNrs {
     pub dup2: u32,
     pub dup3: u32,
     pub fcntl: u32,
+    pub sendfile: u32,
+    pub splice: u32,
+    pub copy_file_range: u32,
 }
 
 /// Run-time switches, passed in as a global.

@@ -89,6 +89,9 @@ static NRS: SyscallNrs = SyscallNrs {
     dup2: M,
     dup3: M,
     fcntl: M,
+    sendfile: M,
+    splice: M,
+    copy_file_range: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.

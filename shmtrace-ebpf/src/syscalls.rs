@@ -1,4 +1,5 @@
-//! Syscall exits: failures of writes, fallocate, ftruncate, mmap, mremap
+//! Syscall exits: failures of writes (write, pwrite, writev, pwritev2,
+//! sendfile, splice, copy_file_range), fallocate, ftruncate, mmap, mremap
 //! and opens on tmpfs, and the ordinary calls that attribution needs (tmpfs
 //! opens with O_CREAT and their closes, mmap/munmap/mremap of processes that
 //! map tmpfs, ftruncate, recvmsg with control data).
@@ -227,7 +228,10 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         || nr == nr!(pwritev2)
         || nr == nr!(fallocate)
         || nr == nr!(ftruncate)
-        || nr == nr!(mmap);
+        || nr == nr!(mmap)
+        || nr == nr!(sendfile)
+        || nr == nr!(splice)
+        || nr == nr!(copy_file_range);
     let by_path = nr == nr!(open) || nr == nr!(openat) || nr == nr!(openat2) || nr == nr!(creat);
     if !(by_fd || by_path || nr == nr!(mremap)) || !emit::is_traced(tgid()) {
         return;
@@ -237,6 +241,9 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     let (file, inode) = if by_fd {
         let fd = if nr == nr!(mmap) {
             arg(regs, 4)
+        } else if nr == nr!(splice) || nr == nr!(copy_file_range) {
+            // (fd_in, off_in, fd_out, ...): the tmpfs side is the output.
+            arg(regs, 2)
         } else {
             arg(regs, 0)
         };

@@ -54,6 +54,9 @@ pub enum Syscall {
     Recvmsg,
     /// dup, dup2, dup3, fcntl(F_DUPFD, F_DUPFD_CLOEXEC): a second fd.
     Dup,
+    Sendfile,
+    Splice,
+    CopyFileRange,
 }
 
 impl Syscall {
@@ -83,6 +86,9 @@ impl Syscall {
             Self::Close => "close",
             Self::Recvmsg => "recvmsg",
             Self::Dup => "dup",
+            Self::Sendfile => "sendfile",
+            Self::Splice => "splice",
+            Self::CopyFileRange => "copy_file_range",
         }
     }
 }

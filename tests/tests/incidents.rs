@@ -202,6 +202,28 @@ fn bytes_written_through_duplicated_fds_are_attributed() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn sendfile_splice_and_copy_file_range_into_a_full_tmpfs_are_failures() {
+    let script = root_dir().join("tests/python/copy_into_tmpfs.py");
+    let t = run_traced(
+        &["--shm-size", "8M"],
+        &["/usr/bin/python3".to_string(), script.display().to_string()],
+    );
+    let said = truth(&t.stdout());
+    for call in ["sendfile", "splice", "copy_file_range"] {
+        assert_eq!(said[call], "ENOSPC", "{call}: {said}");
+        let f = t
+            .failures()
+            .iter()
+            .find(|f| f["syscall"] == call)
+            .unwrap_or_else(|| panic!("no {call} failure: {}", t.report["failures"]));
+        assert_eq!(f["kind"], "enospc");
+        assert_eq!(f["reason"], "tmpfs_full");
+        assert_eq!(f["path"], format!("/dev/shm/{call}"), "{f}");
+    }
+    assert_eq!(t.first()["syscall"], "sendfile");
+}
+
 fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a child we started.
     unsafe { libc::kill(pid as i32, sig) };

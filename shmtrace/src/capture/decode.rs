@@ -75,6 +75,9 @@ impl Decoder {
             x if x == n.close => Syscall::Close,
             x if x == n.recvmsg => Syscall::Recvmsg,
             x if x == n.dup || x == n.dup2 || x == n.dup3 || x == n.fcntl => Syscall::Dup,
+            x if x == n.sendfile => Syscall::Sendfile,
+            x if x == n.splice => Syscall::Splice,
+            x if x == n.copy_file_range => Syscall::CopyFileRange,
             _ => return None,
         })
     }
@@ -211,6 +214,10 @@ impl Decoder {
                     }
                     Syscall::Ftruncate => (a[0], None, Some(a[1])),
                     Syscall::Mmap => (a[4], Some(a[5]), Some(a[1])),
+                    // Into the tmpfs fd: sendfile(out, in, off, count),
+                    // splice/copy_file_range(in, off_in, out, off_out, len, ..).
+                    Syscall::Sendfile => (a[0], None, Some(a[3])),
+                    Syscall::Splice | Syscall::CopyFileRange => (a[2], None, Some(a[4])),
                     _ => (a[0], None, None),
                 };
                 FailedCall::OnFile {

@@ -187,6 +187,9 @@ pub fn syscall_nrs() -> SyscallNrs {
         dup2: n(libc::SYS_dup2),
         dup3: n(libc::SYS_dup3),
         fcntl: n(libc::SYS_fcntl),
+        sendfile: n(libc::SYS_sendfile),
+        splice: n(libc::SYS_splice),
+        copy_file_range: n(libc::SYS_copy_file_range),
     }
 }
 
