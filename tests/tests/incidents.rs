@@ -145,7 +145,8 @@ fn bytes_written_through_duplicated_fds_are_attributed() {
     let dir = scratch("dup");
     let report = dir.join("r.json");
     let mut cleanup = Cleanup::new(None);
-    let mut tracer = start_node_wide(&[], &report);
+    let port = 24000 + std::process::id() % 1000;
+    let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
     cleanup.pids.push(tracer.id());
     // The shell opens fd 3 with O_CREAT (on fd 10, then moved: fcntl
     // F_DUPFD + close); dd writes to its stdout, a dup2 of a redirection.
@@ -195,6 +196,21 @@ fn bytes_written_through_duplicated_fds_are_attributed() {
         .unwrap()
         .clone();
     assert!(proc_["held_bytes"].as_u64() >= Some(20 << 20), "{proc_}");
+    // dd exited and left its file, which nobody holds: left behind.
+    let metrics = http_get(port, "/metrics");
+    let leftover: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("shmtrace_shm_leftover_bytes{") && l.contains("container=\"\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(leftover >= 12 << 20, "{leftover}");
+    // Removed (through the job's own root): freed, it leaves the totals.
+    std::fs::remove_file(format!("/proc/{pid}/root/dev/shm/dd")).unwrap();
+    report_until(&report, "the freed file gone", |r| {
+        r["files"]
+            .as_array()
+            .is_some_and(|fs| !fs.iter().any(|f| f["name"] == "dd"))
+    });
     let _ = job.kill();
     let _ = job.wait();
     signal(tracer.id(), libc::SIGTERM);

@@ -238,6 +238,27 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
             })
             .inc_by(1 + f.repeats);
     }
+    // Left behind: named files nobody holds, whose creator has exited (a
+    // crashed job's segments), by the creator's pod or container.
+    let leftover = Family::<Pod, Gauge>::default();
+    for f in st.files.files.values() {
+        if f.unlinked || !f.fd_holders.is_empty() || !f.map_holders.is_empty() {
+            continue;
+        }
+        let creator = f.creator.and_then(|pid| st.procs.get(pid));
+        if creator.is_some_and(|p| p.alive()) {
+            continue;
+        }
+        let c = creator.and_then(|p| named(st, p.container.as_ref()));
+        leftover
+            .get_or_create(&pod(c, keep))
+            .inc_by(f.allocated_bytes as i64);
+    }
+    reg.register(
+        "shmtrace_shm_leftover_bytes",
+        "Bytes of named tmpfs files nobody holds whose creator exited (left behind)",
+        leftover,
+    );
     let incidents = Family::<Pod, Counter>::default();
     let open = Family::<Pod, Gauge>::default();
     for i in st.incidents.all() {

@@ -191,12 +191,21 @@ impl State {
                 self.files.gone(h.pid);
             }
             Event::Opened {
-                h, fd, flags, file, ..
+                h,
+                fd,
+                flags,
+                file,
+                syscall,
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
                 self.files.opened(h.pid, *fd, file.key(), created);
-                self.saw_file(h, ev.name(), file);
+                let what = if *syscall == crate::event::Syscall::Dup {
+                    "dup"
+                } else {
+                    ev.name()
+                };
+                self.saw_file(h, what, file);
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
             }
             Event::Closed { h, fd } => self.files.closed(h.pid, *fd),
