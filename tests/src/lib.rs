@@ -287,11 +287,22 @@ pub fn report_until(path: &Path, what: &str, ok: impl Fn(&Value) -> bool) -> Val
 
 /// `shmtrace --quiet EXTRA --report REPORT` node-wide, once it is tracing.
 pub fn start_node_wide(extra: &[&str], report: &Path) -> Child {
+    start_node_wide_to(extra, report, Stdio::inherit())
+}
+
+/// [`start_node_wide`] with its stdout (incident log lines, `-o json`)
+/// piped to the test.
+pub fn start_node_wide_piped(extra: &[&str], report: &Path) -> Child {
+    start_node_wide_to(extra, report, Stdio::piped())
+}
+
+fn start_node_wide_to(extra: &[&str], report: &Path, stdout: Stdio) -> Child {
     let mut tracer = Command::new(shmtrace())
         .arg("--quiet")
         .args(extra)
         .arg("--report")
         .arg(report)
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

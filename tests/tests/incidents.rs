@@ -41,21 +41,16 @@ fn two_pods_filling_their_dev_shm_three_seconds_apart_are_two_incidents() {
     let dir = scratch("incidents");
     let (report, incidents) = (dir.join("r.json"), dir.join("incidents"));
     let mut cleanup = Cleanup::new(None);
-    let mut tracer = Command::new(shmtrace())
-        .args(["--quiet", "--incident-quiet", "2", "--incidents-dir"])
-        .arg(&incidents)
-        .arg("--report")
-        .arg(&report)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tracer = start_node_wide_piped(
+        &[
+            "--incident-quiet",
+            "2",
+            "--incidents-dir",
+            incidents.to_str().unwrap(),
+        ],
+        &report,
+    );
     cleanup.pids.push(tracer.id());
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
     let a = pod("a");
     std::thread::sleep(Duration::from_secs(3));
     let b = pod("b");

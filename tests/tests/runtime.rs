@@ -113,6 +113,16 @@ fn require_podman() {
     assert!(ok, "podman is missing: run scripts/setup.sh --test");
 }
 
+/// Root, podman, the shared lock, a scratch directory and a root for it.
+fn podman_test(name: &str) -> (BpfLock, PathBuf, PathBuf) {
+    require_root();
+    require_podman();
+    let lock = bpf_lock(false);
+    let dir = scratch(name);
+    let root = rootfs(&dir);
+    (lock, dir, root)
+}
+
 fn rm(name: &str) {
     let _ = Command::new("podman")
         .args(["rm", "-f", "-t", "0", name])
@@ -129,11 +139,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn a_podman_container_filling_its_default_dev_shm_is_an_incident_named_by_the_runtime() {
-    require_root();
-    require_podman();
-    let _lock = bpf_lock(false);
-    let dir = scratch("podman");
-    let root = rootfs(&dir);
+    let (_lock, dir, root) = podman_test("podman");
     let (report, incidents) = (dir.join("r.json"), dir.join("incidents"));
     let port = 23000 + std::process::id() % 1000;
     let mut cleanup = Cleanup::new(None);
@@ -245,11 +251,7 @@ fn a_podman_container_filling_its_default_dev_shm_is_an_incident_named_by_the_ru
 
 #[test]
 fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
-    require_root();
-    require_podman();
-    let _lock = bpf_lock(false);
-    let dir = scratch("daemonset");
-    let root = rootfs(&dir);
+    let (_lock, dir, root) = podman_test("daemonset");
     let state = dir.join("state");
     std::fs::create_dir_all(&state).unwrap();
     let caps = manifest_caps();
@@ -349,30 +351,15 @@ fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
 
 #[test]
 fn the_live_stream_follows_container_filters_as_json_lines() {
-    require_root();
-    require_podman();
-    let _lock = bpf_lock(false);
-    let dir = scratch("filter");
-    let root = rootfs(&dir);
+    let (_lock, dir, root) = podman_test("filter");
     let report = dir.join("r.json");
     let (a, b) = (
         format!("shmtrace-fa-{}", std::process::id()),
         format!("shmtrace-fb-{}", std::process::id()),
     );
     let mut cleanup = Cleanup::new(None);
-    let mut tracer = Command::new(shmtrace())
-        .args(["--quiet", "-o", "json", "-c", &a, "--report"])
-        .arg(&report)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let tracer = start_node_wide_piped(&["-o", "json", "-c", &a], &report);
     cleanup.pids.push(tracer.id());
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
     for name in [&a, &b] {
         rm(name);
         let out = podman_run(
