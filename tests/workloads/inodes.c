@@ -13,6 +13,11 @@ int main(void) {
         int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0) {
             printf("{\"pid\":%d,\"path\":\"%s\",\"errno\":%d}\n", getpid(), path, errno);
+            fflush(stdout);
+            /* Real programs report and clean up before exiting; an open()
+             * failure is classified by its path, which needs the namespace's
+             * mount table while one of its processes is alive (README). */
+            usleep(300000);
             return 1;
         }
     }
