@@ -123,6 +123,21 @@ fn podman_test(name: &str) -> (BpfLock, PathBuf, PathBuf) {
     (lock, dir, root)
 }
 
+/// Runs container `name` whose dd writes `mib` MiB to /dev/shm/`file` (more
+/// than it holds), then stays `linger` seconds (to be named while alive).
+fn fill_in_container(name: &str, extra: &[String], root: &Path, file: &str, mib: u32, linger: u32) {
+    let script =
+        format!("dd if=/dev/zero of=/dev/shm/{file} bs=1M count={mib} 2>&1; sleep {linger}");
+    let out = podman_run(name, extra, root, &["/bin/sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("No space left"),
+        "{}",
+        text(&out)
+    );
+}
+
 fn rm(name: &str) {
     let _ = Command::new("podman")
         .args(["rm", "-f", "-t", "0", name])
@@ -159,23 +174,7 @@ fn a_podman_container_filling_its_default_dev_shm_is_an_incident_named_by_the_ru
     rm(&name);
     // Holds the 64 MiB default with dd, then waits so the container is
     // still there when shmtrace names it.
-    let out = podman_run(
-        &name,
-        &[],
-        &root,
-        &[
-            "/bin/sh",
-            "-c",
-            "echo $$; dd if=/dev/zero of=/dev/shm/fill bs=1M count=80 2>&1; sleep 4",
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("No space left"),
-        "{}",
-        text(&out)
-    );
+    fill_in_container(&name, &[], &root, "fill", 80, 4);
     let r = report_until(&report, "the container's incident, closed", |r| {
         r["incidents"].as_array().is_some_and(|is| {
             is.iter()
@@ -362,23 +361,7 @@ fn the_live_stream_follows_container_filters_as_json_lines() {
     cleanup.pids.push(tracer.id());
     for name in [&a, &b] {
         rm(name);
-        let out = podman_run(
-            name,
-            &["--shm-size=8m".to_string()],
-            &root,
-            &[
-                "/bin/sh",
-                "-c",
-                "dd if=/dev/zero of=/dev/shm/f bs=1M count=16 2>&1; sleep 2",
-            ],
-        )
-        .output()
-        .unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("No space left"),
-            "{}",
-            text(&out)
-        );
+        fill_in_container(name, &["--shm-size=8m".to_string()], &root, "f", 16, 2);
     }
     // Both failures are in the report; only A's is streamed.
     report_until(&report, "both containers' failures", |r| {
