@@ -4,7 +4,10 @@
 
 use serde::Serialize;
 
-use super::scope::Scope;
+use super::{
+    scope::Scope,
+    words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
+};
 use crate::{state::procs::Proc, units::human_bytes};
 
 const MIB: u64 = 1 << 20;
@@ -413,50 +416,6 @@ fn dataloader_fit(r: &Scope, pytorch: bool, size: Option<u64>, workers: u64) -> 
         human_mib(size),
         ways.join("; or ")
     ))
-}
-
-/// The size in the words of the runtime that made this container.
-fn runtime_fix(c: &crate::state::containers::Container, mib: u64) -> Option<String> {
-    let name = c.name.clone().or_else(|| {
-        c.container_id
-            .as_deref()
-            .map(|i| i[..i.len().min(12)].to_string())
-    })?;
-    if c.pod_uid.is_some() {
-        let pod = c
-            .pod
-            .as_ref()
-            .map(|p| format!("pod {}/{}", p.namespace, p.name))
-            .unwrap_or_else(|| "the pod".into());
-        return Some(format!(
-            "{pod}: mount a Memory emptyDir of {mib}Mi at /dev/shm (see kubernetes)"
-        ));
-    }
-    match c.runtime.as_deref()? {
-        rt @ ("podman" | "docker") => Some(format!(
-            "{rt} run --shm-size={mib}m ... (for container {name})"
-        )),
-        _ => None,
-    }
-}
-
-/// "pid 9, python, host pid 31613" in a container, "pid 31613, python" on
-/// the host: the pid the process's own logs print comes first.
-fn shown_pid(pid: u32, ns_pid: Option<u32>, comm: &str) -> String {
-    match ns_pid {
-        Some(n) if n != pid => format!("pid {n}, {comm}, host pid {pid}"),
-        _ => format!("pid {pid}, {comm}"),
-    }
-}
-
-fn human_mib(b: u64) -> String {
-    format!("{} MiB", b.div_ceil(MIB))
-}
-
-fn kubernetes_snippet(mib: u64) -> String {
-    format!(
-        "volumes:\n  - name: dshm\n    emptyDir:\n      medium: Memory\n      sizeLimit: {mib}Mi\ncontainers:\n  - volumeMounts:\n      - name: dshm\n        mountPath: /dev/shm"
-    )
 }
 
 #[cfg(test)]

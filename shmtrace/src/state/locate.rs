@@ -109,4 +109,23 @@ impl State {
         }
         Some(out)
     }
+
+    /// Makes sure device `dev` is in some mount table, reading them if not.
+    pub(super) fn ensure_mount(&mut self, host: &mut dyn Host, dev: Dev, ns: u32, pid: u32) {
+        if self.mounts.by_dev(dev).is_some() || self.mounts.is_unmounted(dev) {
+            return;
+        }
+        let read = self.refresh_mounts(host, ns, pid);
+        if self.mounts.by_dev(dev).is_none() {
+            // A device from another namespace: try every anchored one.
+            for ns in host.anchored() {
+                if let Some(anchor) = host.anchor_of(ns) {
+                    self.refresh_mounts(host, ns, anchor);
+                }
+            }
+        }
+        if read && self.mounts.by_dev(dev).is_none() {
+            self.mounts.mark_unmounted(dev);
+        }
+    }
 }

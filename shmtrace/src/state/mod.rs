@@ -9,6 +9,7 @@ pub mod containers;
 pub mod evidence;
 pub mod failures;
 pub mod files;
+mod identity;
 pub mod incidents;
 pub mod locate;
 pub mod mappings;
@@ -27,7 +28,7 @@ use crate::{
 };
 
 use self::{
-    containers::{Container, Containers},
+    containers::Containers,
     evidence::Evidence,
     failures::Failures,
     files::{Files, Seen, Via},
@@ -58,8 +59,6 @@ pub struct State {
     /// gone this long (a long-running tracer must not keep dead containers'
     /// /dev/shm alive). None: keep them until shmtrace exits.
     pub release_idle_namespaces: Option<Duration>,
-    /// Processes whose PID-namespace pid was read (found or not).
-    ns_pid_read: std::collections::HashSet<u32>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, Instant>,
 }
@@ -76,7 +75,6 @@ impl State {
             containers: Containers::default(),
             failures: Failures::default(),
             incidents: incidents::Incidents::default(),
-            ns_pid_read: Default::default(),
             evidence: Evidence::default(),
             sizes: HashMap::new(),
             release_idle_namespaces: None,
@@ -300,46 +298,6 @@ impl State {
         }
     }
 
-    /// Makes sure device `dev` is in some mount table, reading them if not.
-    fn ensure_mount(&mut self, host: &mut dyn Host, dev: Dev, ns: u32, pid: u32) {
-        if self.mounts.by_dev(dev).is_some() || self.mounts.is_unmounted(dev) {
-            return;
-        }
-        let read = self.refresh_mounts(host, ns, pid);
-        if self.mounts.by_dev(dev).is_none() {
-            // A device from another namespace: try every anchored one.
-            for ns in host.anchored() {
-                if let Some(anchor) = host.anchor_of(ns) {
-                    self.refresh_mounts(host, ns, anchor);
-                }
-            }
-        }
-        if read && self.mounts.by_dev(dev).is_none() {
-            self.mounts.mark_unmounted(dev);
-        }
-    }
-
-    /// The container of `pid`, asking the host once.
-    fn container_of_pid(&mut self, host: &mut dyn Host, pid: u32) -> Option<Container> {
-        if !self.containers.knows_pid(pid)
-            && let Some(path) = host.cgroup(pid)
-        {
-            self.containers.learn_pid(pid, path);
-        }
-        self.containers.get(pid).cloned()
-    }
-
-    /// The container of cgroup id `id`, asking the host on a miss.
-    fn container_of_id(&mut self, host: &mut dyn Host, id: u64) -> Option<Container> {
-        if id > 1
-            && !self.containers.knows_id(id)
-            && let Some(path) = host.cgroup_path(id)
-        {
-            self.containers.learn_id(id, path);
-        }
-        self.containers.of_id(id).cloned()
-    }
-
     /// Live processes of namespace `ns`: who can show its mounts.
     fn members_of(&self, ns: u32) -> Vec<u32> {
         self.procs
@@ -450,29 +408,7 @@ impl State {
                 s.view_ns = view_ns;
             }
         }
-        // Pids as containers see them (what their logs print), a few a tick.
-        let unread: Vec<u32> = self
-            .procs
-            .alive()
-            .filter(|p| p.ns_pid.is_none() && p.container.is_some())
-            .filter(|p| !self.ns_pid_read.contains(&p.pid))
-            .map(|p| p.pid)
-            .take(64)
-            .collect();
-        for pid in unread {
-            self.ns_pid_read.insert(pid);
-            if let Some(n) = host.ns_pid(pid) {
-                self.procs.set_ns_pid(pid, n);
-            }
-        }
-        if self.ns_pid_read.len() > 8192 {
-            self.ns_pid_read.clear();
-        }
-        // Names of new containers and pods (a few lookups a tick).
-        for c in self.containers.unnamed().into_iter().take(8) {
-            let names = host.container_names(&c);
-            self.containers.looked_up(&c.cgroup, names);
-        }
+        self.name_containers(host);
         for pid in self.procs.pids() {
             let b = self.files.bytes.get(&pid).copied().unwrap_or_default();
             let Some(p) = self.procs.get(pid) else {
