@@ -5,7 +5,8 @@
 
 //!
 //! One file per hook family: `sched` (fork, exec, exit), `signals` (SIGBUS
-//! generated and delivered), `syscalls` (sys_exit), `oom` (mark_victim);
+//! generated and delivered), `syscalls` (syscalls:sys_exit_* of the calls
+//! that matter, one program per family), `oom` (mark_victim);
 //! `emit` holds the maps and event headers, `kernel` the struct reads at
 //! offsets user space found in BTF, `extras` what only `doctor` loads.
 

@@ -82,6 +82,9 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if tid == tgid {
+        emit::forget_holder(tgid);
+    }
     if !emit::is_traced(tgid) {
         return 0;
     }

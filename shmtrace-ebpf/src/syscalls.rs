@@ -2,12 +2,16 @@
 //! sendfile, splice, copy_file_range), fallocate, ftruncate, mmap, mremap
 //! and opens on tmpfs, and the ordinary calls that attribution needs (tmpfs
 //! opens with O_CREAT and their closes, mmap/munmap/mremap of processes that
-//! map tmpfs, ftruncate, recvmsg with control data).
+//! map tmpfs, ftruncate, recvmsg with control data, dups of tmpfs fds).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, bpf_probe_read_user_str_bytes},
-    macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    EbpfContext,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_user,
+        bpf_probe_read_user_str_bytes, bpf_task_pt_regs,
+    },
+    macros::tracepoint,
+    programs::TracePointContext,
 };
 use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOMEM, ENOSPC, EventKind};
 
@@ -19,39 +23,85 @@ use crate::{
 const MAP_ANONYMOUS: u64 = 0x20;
 const O_CREAT: u64 = 0o100;
 
-/// raw_syscalls sys_exit(regs, ret), BTF-typed: one hook for every syscall
-/// we watch, so a process pays one cheap test per syscall whatever it calls.
-/// Typed `regs` are read with plain loads, no helper call on this hot path.
-///
-/// Early exits, cheapest first: the syscall number and return value (in
-/// registers), then the traced-process lookup, and only then the walk
-/// task->files->fdt->fd[n]->f_inode->i_sb->s_magic to test for tmpfs.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn sys_exit(ctx: BtfTracePointContext) -> u32 {
-    let regs: *const u8 = ctx.arg(0);
-    let ret: i64 = ctx.arg(1);
-    let nr_off = off!(regs_nr) as usize;
-    // SAFETY: the verifier checks this load against struct pt_regs.
-    let nr = unsafe { *(regs.add(nr_off) as *const u64) } as u32;
-    let regs = regs as u64;
+// Classic per-syscall exit tracepoints, attached (by the loader) to the
+// syscalls that matter only: read, futex, epoll and the rest never run a
+// program. The first test is on the return value, read from the
+// tracepoint's own record; arguments come from the task's saved user
+// registers and are read only past that test. Everything that can report a
+// failure is one program, so its failure path is verified once (each copy
+// costs the verifier about half a second).
+
+/// Writes and allocations (write, pwrite64, writev, pwritev, pwritev2,
+/// fallocate, sendfile64, splice, copy_file_range: only failures matter),
+/// opens (open, openat, openat2, creat: failures, and tmpfs files
+/// created), mmap (every error, and tmpfs mappings), munmap and mremap (of
+/// processes that map tmpfs; mremap errors), ftruncate (sizes of tmpfs
+/// files).
+#[tracepoint]
+pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
     if ret < 0 {
-        on_failure(regs, nr, ret);
-    } else if nr == nr!(mmap) {
-        on_mmap(regs, ret);
-    } else if nr == nr!(munmap) || nr == nr!(mremap) {
-        on_unmap_or_remap(regs, nr, ret);
-    } else if nr == nr!(ftruncate) {
-        on_truncate(regs);
+        on_failure(user_regs(), nr, ret);
     } else if nr == nr!(openat) || nr == nr!(open) || nr == nr!(openat2) || nr == nr!(creat) {
-        on_open(regs, nr, ret);
-    } else if nr == nr!(close) {
-        on_close(regs);
-    } else if nr == nr!(recvmsg) {
-        on_recvmsg(regs);
-    } else if nr == nr!(dup) || nr == nr!(dup2) || nr == nr!(dup3) || nr == nr!(fcntl) {
-        on_dup(regs, nr, ret);
+        on_open(user_regs(), nr, ret);
+    } else if nr == nr!(mmap) {
+        on_mmap(user_regs(), ret);
+    } else if nr == nr!(munmap) || nr == nr!(mremap) {
+        on_unmap_or_remap(user_regs(), nr, ret);
+    } else if nr == nr!(ftruncate) {
+        on_truncate(user_regs());
     }
     0
+}
+
+/// close: of tmpfs fds only. Whatever it returns the fd is gone (Linux
+/// releases it even on EINTR/EIO), and an unknown fd is not in the map.
+/// First test: whether the process ever held one (no call, no hash).
+#[tracepoint]
+pub fn sys_exit_close(_ctx: TracePointContext) -> u32 {
+    if emit::may_hold(tgid()) {
+        on_close(user_regs());
+    }
+    0
+}
+
+/// recvmsg: fds received over unix sockets.
+#[tracepoint]
+pub fn sys_exit_recv(ctx: TracePointContext) -> u32 {
+    let (_, ret) = exit_record(&ctx);
+    if ret >= 0 {
+        on_recvmsg(user_regs());
+    }
+    0
+}
+
+/// dup, dup2, dup3, fcntl: copies of tmpfs fds.
+#[tracepoint]
+pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if ret >= 0 {
+        on_dup(user_regs(), nr, ret);
+    }
+    0
+}
+
+/// (syscall number, return value) from a syscalls:sys_exit_* record:
+/// `int __syscall_nr` at 8 and `long ret` at 16, the same on every kernel
+/// since syscall tracepoints exist (checked against tracefs by the loader).
+#[inline(always)]
+fn exit_record(ctx: &TracePointContext) -> (u32, i64) {
+    let p = ctx.as_ptr() as *const u8;
+    // SAFETY: direct loads from the tracepoint record, which the verifier
+    // bounds-checks against the context size.
+    unsafe { (*(p.add(8) as *const i32) as u32, *(p.add(16) as *const i64)) }
+}
+
+/// The current task's saved user registers: the syscall's arguments.
+#[inline(always)]
+fn user_regs() -> u64 {
+    // SAFETY: helpers without side effects on the current task; the result
+    // is a BTF-typed pointer to its pt_regs, loaded from in `arg`.
+    unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
 }
 
 const F_DUPFD: u64 = 0;
@@ -69,6 +119,10 @@ fn on_dup(regs: u64, nr: u32, newfd: i64) {
         }
     }
     let tgid = tgid();
+    // Neither fd can be a tracked tmpfs fd of a process that holds none.
+    if !emit::may_hold(tgid) {
+        return;
+    }
     let old = (tgid as u64) << 32 | arg(regs, 0) & 0xffff_ffff;
     let new = (tgid as u64) << 32 | newfd as u64 & 0xffff_ffff;
     if old == new {
@@ -94,6 +148,7 @@ fn on_dup(regs: u64, nr: u32, newfd: i64) {
         return;
     }
     let _ = TMPFS_FDS.insert(new, 1, 0);
+    emit::mark_holder(tgid);
     let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
         return;
     };
@@ -160,6 +215,7 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
     }
     let key = (tgid as u64) << 32 | fd as u64 & 0xffff_ffff;
     let _ = TMPFS_FDS.insert(key, 1, 0);
+    emit::mark_holder(tgid);
     let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
         return;
     };
@@ -195,8 +251,9 @@ fn on_close(regs: u64) {
 #[inline(always)]
 fn arg(regs: u64, i: usize) -> u64 {
     let off = off!(regs_args[i]) as u64;
-    // SAFETY: `regs` is the typed pt_regs of tp_btf/sys_exit: the verifier
-    // checks this load against the struct, so no helper call is needed.
+    // SAFETY: `regs` is the BTF-typed pt_regs from `user_regs`: the
+    // verifier checks this load against the struct (the offset is a
+    // constant of the read-only config), so no helper call is needed.
     unsafe { *((regs + off) as *const u64) }
 }
 

@@ -188,7 +188,8 @@ fn doctor_reports_this_machine() {
     );
     // This kernel: tracepoints load, kprobes and fentry do not.
     for hook in [
-        "tp_btf/sys_exit",
+        "tracepoint syscalls:sys_exit_openat",
+        "tracepoint syscalls:sys_exit_fallocate",
         "raw_tp/signal_generate",
         "tracepoint sched:sched_process_exit",
         "tracepoint oom:mark_victim",

@@ -17,6 +17,11 @@ use shmtrace_tests::{bpf_lock, require_root, scratch, workload};
 
 /// Loads only `program`, runs `f` with it, and keeps a runtime for its rings.
 fn with_program<T>(program: &str, f: impl FnOnce(&mut Tracer) -> T) -> T {
+    with_programs(&[program], 1, f)
+}
+
+/// Loads only `programs` (attached to `hooks` hook points in all), runs `f`.
+fn with_programs<T>(programs: &[&str], hooks: usize, f: impl FnOnce(&mut Tracer) -> T) -> T {
     require_root();
     let _lock = bpf_lock(false);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -24,15 +29,17 @@ fn with_program<T>(program: &str, f: impl FnOnce(&mut Tracer) -> T) -> T {
         .build()
         .unwrap();
     let _guard = rt.enter();
-    let mut t = Tracer::start_with(false, None, |p| p == program)
-        .unwrap_or_else(|e| panic!("loading {program}: {e:#}"));
+    let mut t = Tracer::start_with(false, None, |p| programs.contains(&p))
+        .unwrap_or_else(|e| panic!("loading {programs:?}: {e:#}"));
     assert_eq!(
         t.hooks.len(),
-        1,
-        "only {program} is attached: {:?}",
+        hooks,
+        "only {programs:?} are attached: {:?}",
         t.hooks
     );
-    assert!(t.hooks[0].1.is_none(), "{program}: {:?}", t.hooks[0]);
+    for h in &t.hooks {
+        assert!(h.1.is_none(), "{programs:?}: {h:?}");
+    }
     f(&mut t)
 }
 
@@ -183,7 +190,7 @@ fn signal_deliver_reports_the_default_action() {
 }
 
 #[test]
-fn sys_exit_reports_tmpfs_creation_and_enospc() {
+fn syscall_exits_report_tmpfs_creation_and_enospc() {
     let dir = scratch("sys-exit");
     let mnt = dir.join("shm");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -194,7 +201,8 @@ fn sys_exit_reports_tmpfs_creation_and_enospc() {
         .unwrap();
     assert!(st.success(), "mount tmpfs");
     let result = std::panic::catch_unwind(|| {
-        with_program("sys_exit", |t| {
+        // Writes, opens, mmap, munmap, mremap, ftruncate: 17 syscalls.
+        with_programs(&["sys_exit_files"], 17, |t| {
             // Another process: shmtrace never traces its own.
             let file = mnt.join("seg\nment");
             let mut child = waiting_shell(&format!(

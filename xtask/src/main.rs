@@ -2,7 +2,9 @@
 //!
 //!   cargo xtask lint    rustfmt check, clippy on user space, clippy on the
 //!                       eBPF programs for their own target
-//!   cargo xtask bench   overhead on three workloads, as ratios (as root)
+//!   cargo xtask bench   overhead as ratios to no tracer and to the kernel's
+//!                       floor, bpftrace beside; attach time, latency,
+//!                       loss onset, RSS (as root)
 //!   cargo xtask soak    node-wide shmtrace under churn: memory and CPU
 //!                       over time (as root)
 
@@ -30,6 +32,10 @@ enum Cmd {
         /// Interleaved rounds per condition.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Another shmtrace binary to measure node-wide beside this one
+        /// (an older build, an alternative design).
+        #[arg(long, value_name = "BIN")]
+        compare: Option<std::path::PathBuf>,
     },
     /// Node-wide shmtrace under process, file, namespace and SIGBUS churn:
     /// RSS and CPU over time, and the budget they set.
@@ -81,7 +87,9 @@ fn release_shmtrace(root: &std::path::Path, what: &str) -> Result<std::path::Pat
 fn main() -> Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     match Cli::parse().cmd {
-        Cmd::Bench { rounds } => bench::run(std::path::Path::new(root), rounds)?,
+        Cmd::Bench { rounds, compare } => {
+            bench::run(std::path::Path::new(root), bench::Opts { rounds, compare })?
+        }
         Cmd::Soak { minutes, every } => soak::run(std::path::Path::new(root), minutes, every)?,
         Cmd::Lint => {
             cargo(&["fmt", "--all", "--check"], Some(root), false)?;

@@ -5,7 +5,7 @@ use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
+    programs::{FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
 };
 use shmtrace_common::{Budget, Config, lost};
 
@@ -15,61 +15,138 @@ use tokio::io::unix::AsyncFd;
 use super::{btf::Btf, decode::Decoder, offsets, order::Orderer, preflight};
 use crate::event::Event;
 
-/// The hooks: (program, kind, category, name, required, what is lost without it).
-const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
-    (
-        "sys_exit",
-        Kind::Btf,
-        "",
-        "sys_exit",
+/// One program and where it attaches.
+struct Hook {
+    prog: &'static str,
+    kind: Kind,
+    category: &'static str,
+    /// Every hook point the program attaches to. A syscall family's names
+    /// absent from tracefs (a syscall this architecture or kernel lacks)
+    /// are skipped.
+    names: &'static [&'static str],
+    required: bool,
+    /// What is lost without it.
+    loses: &'static str,
+}
+
+const fn tp(
+    prog: &'static str,
+    category: &'static str,
+    names: &'static [&'static str],
+    required: bool,
+    loses: &'static str,
+) -> Hook {
+    Hook {
+        prog,
+        kind: Kind::Tp,
+        category,
+        names,
+        required,
+        loses,
+    }
+}
+
+const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static str) -> Hook {
+    Hook {
+        prog,
+        kind: Kind::Raw,
+        category: "",
+        names: name,
+        required: true,
+        loses,
+    }
+}
+
+/// The hooks. Syscalls: classic per-syscall exit tracepoints of only the
+/// calls that matter, so that every other syscall (read, futex, epoll...)
+/// runs no program (see DESIGN.md, "Overhead").
+const HOOKS: &[Hook] = &[
+    tp(
+        "sys_exit_files",
+        "syscalls",
+        &[
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+            "sys_exit_fallocate",
+            "sys_exit_sendfile64",
+            "sys_exit_splice",
+            "sys_exit_copy_file_range",
+            "sys_exit_open",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+            "sys_exit_creat",
+            "sys_exit_mmap",
+            "sys_exit_munmap",
+            "sys_exit_mremap",
+            "sys_exit_ftruncate",
+        ],
         true,
-        "ENOSPC/mmap failures of syscalls",
+        "ENOSPC/mmap failures of syscalls, tmpfs files created, mapped, unmapped and sized",
     ),
-    (
-        "signal_generate",
-        Kind::Raw,
-        "",
-        "signal_generate",
+    tp(
+        "sys_exit_close",
+        "syscalls",
+        &["sys_exit_close"],
         true,
+        "closes of tmpfs files",
+    ),
+    tp(
+        "sys_exit_recv",
+        "syscalls",
+        &["sys_exit_recvmsg"],
+        true,
+        "tmpfs fds passed over unix sockets",
+    ),
+    tp(
+        "sys_exit_dups",
+        "syscalls",
+        &[
+            "sys_exit_dup",
+            "sys_exit_dup2",
+            "sys_exit_dup3",
+            "sys_exit_fcntl",
+        ],
+        true,
+        "copies of tmpfs fds",
+    ),
+    raw(
+        "signal_generate",
+        &["signal_generate"],
         "SIGBUS from page faults",
     ),
-    (
+    raw(
         "sched_process_fork",
-        Kind::Raw,
-        "",
-        "sched_process_fork",
-        true,
+        &["sched_process_fork"],
         "following new child processes",
     ),
-    (
+    tp(
         "sched_process_exit",
-        Kind::Tp,
         "sched",
-        "sched_process_exit",
+        &["sched_process_exit"],
         true,
         "process exits",
     ),
-    (
+    tp(
         "sched_process_exec",
-        Kind::Tp,
         "sched",
-        "sched_process_exec",
+        &["sched_process_exec"],
         false,
         "exec events (command lines)",
     ),
-    (
+    tp(
         "signal_deliver",
-        Kind::Tp,
         "signal",
-        "signal_deliver",
+        &["signal_deliver"],
         false,
         "whether a SIGBUS handler ran",
     ),
-    (
+    tp(
         "oom_mark_victim",
-        Kind::Tp,
         "oom",
-        "mark_victim",
+        &["mark_victim"],
         false,
         "OOM kills of traced processes",
     ),
@@ -78,8 +155,6 @@ const HOOKS: &[(&str, Kind, &str, &str, bool, &str)] = &[
 #[derive(Clone, Copy)]
 enum Kind {
     Raw,
-    /// tp_btf: a raw tracepoint with typed arguments (needs kernel BTF).
-    Btf,
     Tp,
 }
 
@@ -168,26 +243,44 @@ impl Tracer {
             })?;
 
         let mut hooks = Vec::new();
-        for &(prog, kind, category, name, required, loses) in HOOKS {
-            if !want(prog) {
+        for h in HOOKS {
+            if !want(h.prog) {
                 continue;
             }
-            let res = attach(&mut ebpf, prog, kind, category, name);
-            hooks.push((
-                hook_name(kind, category, name),
-                res.as_ref().err().map(|e| format!("{e:#}")),
-            ));
-            match res {
-                Ok(()) => {}
-                Err(e) if !required => notes.push(format!(
-                    "the kernel refused hook {} ({e}); shmtrace goes on without {loses}",
-                    hook_name(kind, category, name)
-                )),
-                Err(e) => {
-                    return Err(e.context(format!(
-                        "the kernel refused hook {}, which shmtrace needs for {loses}",
-                        hook_name(kind, category, name)
-                    )));
+            let loaded = load(&mut ebpf, h.prog, h.kind);
+            for &name in h.names {
+                let res = loaded
+                    .as_ref()
+                    .map_err(|e| anyhow!("{e:#}"))
+                    .and_then(|()| {
+                        if h.category == "syscalls"
+                            && !tracefs.join("events/syscalls").join(name).exists()
+                        {
+                            return Err(anyhow!(ABSENT));
+                        }
+                        attach(&mut ebpf, h.prog, h.kind, h.category, name)
+                    });
+                let label = hook_name(h.kind, h.category, name);
+                match &res {
+                    Err(e) if h.category == "syscalls" && e.to_string() == ABSENT => {
+                        // This architecture or kernel has no such syscall.
+                        hooks.push((label, Some(ABSENT.to_string())));
+                        continue;
+                    }
+                    _ => hooks.push((label.clone(), res.as_ref().err().map(|e| format!("{e:#}")))),
+                }
+                match res {
+                    Ok(()) => {}
+                    Err(e) if !h.required => notes.push(format!(
+                        "the kernel refused hook {label} ({e}); shmtrace goes on without {}",
+                        h.loses
+                    )),
+                    Err(e) => {
+                        return Err(e.context(format!(
+                            "the kernel refused hook {label}, which shmtrace needs for {}",
+                            h.loses
+                        )));
+                    }
                 }
             }
         }
@@ -357,47 +450,60 @@ fn readable(ring: RingBuf<MapData>) -> Result<AsyncFd<RingBuf<MapData>>> {
         .map_err(|e| anyhow!("cannot poll a ring buffer: {}", e.into_parts().1))
 }
 
+/// Why a syscall family's hook was skipped.
+const ABSENT: &str = "no such syscall tracepoint on this kernel";
+
 fn hook_name(kind: Kind, category: &str, name: &str) -> String {
     match kind {
         Kind::Raw => format!("raw_tp/{name}"),
-        Kind::Btf => format!("tp_btf/{name}"),
         Kind::Tp => format!("tracepoint {category}:{name}"),
     }
+}
+
+fn explain(e: ProgramError) -> anyhow::Error {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            anyhow!("{io_error}; verifier said:\n{}", tail.join("\n"))
+        }
+        e => anyhow!(e),
+    }
+}
+
+/// Loads (verifies) one program, once, whatever number of hooks it has.
+fn load(ebpf: &mut Ebpf, prog: &str, kind: Kind) -> Result<()> {
+    let p = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))?;
+    match kind {
+        Kind::Raw => {
+            let p: &mut RawTracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+        }
+        Kind::Tp => {
+            let p: &mut TracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+        }
+    }
+    Ok(())
 }
 
 fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -> Result<()> {
     let p = ebpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} is missing from the object"))?;
-    let explain = |e: ProgramError| -> anyhow::Error {
-        match e {
-            ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } => {
-                let log = verifier_log.to_string();
-                let tail: Vec<&str> = log.lines().rev().take(12).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                anyhow!("{io_error}; verifier said:\n{}", tail.join("\n"))
-            }
-            e => anyhow!(e),
-        }
-    };
     match kind {
         Kind::Raw => {
             let p: &mut RawTracePoint = p.try_into()?;
-            p.load().map_err(explain)?;
             p.attach(name).map_err(explain)?;
-        }
-        Kind::Btf => {
-            let btf = aya::Btf::from_sys_fs().context("kernel BTF")?;
-            let p: &mut BtfTracePoint = p.try_into()?;
-            p.load(name, &btf).map_err(explain)?;
-            p.attach().map_err(explain)?;
         }
         Kind::Tp => {
             let p: &mut TracePoint = p.try_into()?;
-            p.load().map_err(explain)?;
             p.attach(category, name).map_err(explain)?;
         }
     }

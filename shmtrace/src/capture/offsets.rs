@@ -112,6 +112,15 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
     o.tp_deliver_sig = deliver.offset("sig").context("signal_deliver has no sig")?;
     o.tp_deliver_code = deliver.offset("code").unwrap_or(MISSING);
     o.tp_deliver_handler = deliver.offset("sa_handler").unwrap_or(MISSING);
+    // The syscall exit programs read nr and ret at fixed offsets.
+    let sys_exit = TpFormat::read(tracefs, "syscalls", "sys_exit_openat")?;
+    let layout = (sys_exit.offset("__syscall_nr"), sys_exit.offset("ret"));
+    if layout != (Some(8), Some(16)) {
+        bail!(
+            "syscalls:sys_exit_openat has an unexpected layout (__syscall_nr, ret at {layout:?}, \
+             not 8 and 16); shmtrace does not support this kernel"
+        );
+    }
     let victim = TpFormat::read(tracefs, "oom", "mark_victim")?;
     o.tp_victim_pid = victim.offset("pid").context("oom:mark_victim has no pid")?;
     o.tp_victim_shmem_rss = victim.offset("shmem_rss").unwrap_or(MISSING);

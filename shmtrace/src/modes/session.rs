@@ -167,6 +167,9 @@ impl Session {
         tokio::task::yield_now().await;
         self.tracer.wait(tick).await;
         self.pump(false);
+        if let Some(live) = &mut self.live {
+            live.failures_applied(&self.state);
+        }
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
             self.state.tick(&mut self.host);

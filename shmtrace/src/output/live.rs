@@ -31,6 +31,8 @@ pub struct Live {
     pub json: bool,
     /// Failures already streamed (-o json), by (pid, ts).
     streamed: std::collections::HashSet<(u32, u64)>,
+    /// How many failures the state held at the last stream.
+    streamed_upto: usize,
 }
 
 impl Default for Live {
@@ -49,6 +51,7 @@ impl Live {
             filter: Filter::default(),
             json: false,
             streamed: Default::default(),
+            streamed_upto: 0,
         }
     }
 
@@ -71,6 +74,15 @@ impl Live {
             }
         }
         let _ = err.flush();
+    }
+
+    /// -o json: new failures stream as soon as they are applied, not at
+    /// the next once-a-second refresh (cheap when there are none).
+    pub fn failures_applied(&mut self, st: &State) {
+        if self.json && st.failures.len() != self.streamed_upto {
+            self.streamed_upto = st.failures.len();
+            self.stream(st);
+        }
     }
 
     /// -o json: each failure that passes the filter, once, as one line.
