@@ -493,7 +493,7 @@ fn latency(shmtrace: &Path, out: &Path, root: &Path, n: usize) -> Result<Vec<f64
     });
     let mut lat = Vec::new();
     for _ in 0..n {
-        let text = in_private_shm(&[fail.clone()], &[], "1m", None)?;
+        let text = in_private_shm(std::slice::from_ref(&fail), &[], "1m", None)?;
         let pid = json_number(&text, "pid").context("fail printed no pid")? as u64;
         let failed = json_number(&text, "failed_ns").context("fail printed no time")? as u64;
         let want = format!("\"pid\":{pid},");
@@ -527,7 +527,12 @@ fn loss_onset(shmtrace: &Path, out: &Path, root: &Path) -> Result<(u64, Option<(
         let _ = std::fs::remove_file(&report);
         let report_s = report.display().to_string();
         let mut t = Tracer::shmtrace(shmtrace, &["--report", &report_s])?;
-        let text = in_private_shm(&[churn.clone()], &[&asked.to_string(), "2"], "64m", None);
+        let text = in_private_shm(
+            std::slice::from_ref(&churn),
+            &[&asked.to_string(), "2"],
+            "64m",
+            None,
+        );
         t.stop();
         let text = text?;
         let files = json_number(&text, "files").context("churn printed no count")?;
