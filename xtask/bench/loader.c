@@ -3,7 +3,7 @@
  * the fd over a unix socket; the main process maps it, reads it, drops it,
  * and acknowledges (two segments in flight per worker, like PyTorch's
  * prefetch_factor=2). Segment sizes cycle 1..32 MiB.
- * Prints {"ns":elapsed,"bytes":moved}. */
+ * Prints {"ns":elapsed,"ref_ns":CPU work before and after (ref.h),"bytes":moved}. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "ref.h"
 
 #define WORKERS 4
 
@@ -48,6 +50,7 @@ static int recv_fd(int sock, size_t *size) {
 int main(int argc, char **argv) {
     int per_worker = argc > 1 ? atoi(argv[1]) : 48;
     int socks[WORKERS];
+    long long ref = ref_ns(20000000);
     unsigned long long t0 = now(), bytes = 0;
     for (int w = 0; w < WORKERS; w++) {
         int sv[2];
@@ -92,6 +95,8 @@ int main(int argc, char **argv) {
         }
     }
     while (wait(NULL) > 0) {}
-    printf("{\"ns\":%llu,\"bytes\":%llu}\n", now() - t0, bytes);
+    unsigned long long t = now() - t0;
+    ref += ref_ns(20000000);
+    printf("{\"ns\":%llu,\"ref_ns\":%lld,\"bytes\":%llu}\n", t, ref, bytes);
     return 0;
 }

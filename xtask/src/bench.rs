@@ -17,7 +17,10 @@
 //!
 //! Workloads (xtask/bench/): an open/read/close loop, a DataLoader-like shm
 //! workload in C, and one epoch of a real PyTorch DataLoader (skipped when
-//! python3 cannot import torch). Then, node-wide: attach time, the time
+//! python3 cannot import torch). Each prints its time and the time of a
+//! fixed amount of pure CPU work done around it (syscalls.c: after each of
+//! its 100 chunks); the ratios are of the two, so that a small shared VM
+//! slowing down as a whole cancels out. Then, node-wide: attach time, the time
 //! from a failing syscall to its JSON line, the tmpfs event rate at which
 //! the ring starts to lose events, and shmtrace's peak RSS.
 
@@ -52,9 +55,9 @@ const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "loader",
-        what: "shm: 4 workers create, fill, pass by fd, drop 1-32 MiB /dev/shm segments",
+        what: "shm: 4 workers create, fill, pass by fd, drop 96 segments of 1-32 MiB",
         source: "loader.c",
-        args: &["48"],
+        args: &["24"],
         pin: false,
     },
     Workload {
@@ -220,7 +223,7 @@ pub fn run(root: &Path, opts: Opts) -> Result<()> {
         "shmtrace overhead: {rounds} interleaved rounds; time ratio to base per round, \
          median (min-max); 1.00 = no cost\n"
     );
-    let mut header = String::from("| workload | base (median) |");
+    let mut header = String::from("| workload | base (x reference work) |");
     let mut rule = String::from("|---|---|");
     for c in &conds[1..] {
         let label = match c {
@@ -240,7 +243,7 @@ pub fn run(root: &Path, opts: Opts) -> Result<()> {
         let base = &times[i][0];
         let ratios =
             |ci: usize| -> Vec<f64> { times[i][ci].iter().zip(base).map(|(t, b)| t / b).collect() };
-        let mut row = format!("| {} | {:.0} ms |", w.what, median(base) / 1e6);
+        let mut row = format!("| {} | {:.1} |", w.what, median(base));
         for ci in 1..conds.len() {
             row.push_str(&format!(" {} |", spread(&ratios(ci))));
         }
@@ -425,7 +428,7 @@ fn wait_line(child: &mut Child, stdout: bool, marker: &str) -> Result<()> {
 }
 
 /// Runs one workload in a private 512 MiB /dev/shm and returns its own
-/// elapsed time in ns (what it prints as "ns").
+/// elapsed time (what it prints as "ns") in units of its reference work.
 fn time(cmdline: &[String], args: &[&str], pin: bool, shmtrace: Option<&Path>) -> Result<f64> {
     let mut cmdline = cmdline.to_vec();
     if pin {
@@ -434,7 +437,13 @@ fn time(cmdline: &[String], args: &[&str], pin: bool, shmtrace: Option<&Path>) -
     }
     let cmdline = &cmdline[..];
     let text = in_private_shm(cmdline, args, "512m", shmtrace)?;
-    json_number(&text, "ns").with_context(|| format!("no timing from {cmdline:?}: {text}"))
+    let ns =
+        json_number(&text, "ns").with_context(|| format!("no timing from {cmdline:?}: {text}"))?;
+    // Divided by the same process's timed CPU work (xtask/bench/ref.h):
+    // on a small shared VM the whole machine speeds up and slows down with
+    // its host's load, which this cancels out of the ratios.
+    let reference = json_number(&text, "ref_ns").with_context(|| format!("no ref_ns: {text}"))?;
+    Ok(ns / reference)
 }
 
 fn in_private_shm(
