@@ -77,23 +77,22 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Early exits: not traced, then a thread that is not the last of its group.
+/// Early exits: a thread that is not the last of its group, then not traced.
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    if tid == tgid {
-        emit::forget_holder(tgid);
-    }
-    if !emit::is_traced(tgid) {
-        return 0;
-    }
     // group_dead exists on 6.18+; before that the leader's exit stands in.
     let group_dead = match kernel::read::<u8>(ctx.as_ptr() as u64, off!(tp_exit_group_dead)) {
         Some(v) => v != 0,
         None => tid == tgid,
     };
     if !group_dead {
+        return 0;
+    }
+    // Whether traced or not: the slot is for whoever gets this tgid next.
+    emit::forget_holder(tgid);
+    if !emit::is_traced(tgid) {
         return 0;
     }
     let code = kernel::read::<i32>(kernel::current_task(), off!(task_exit_code)).unwrap_or(0);

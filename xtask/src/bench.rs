@@ -43,15 +43,19 @@ struct Workload {
     /// Runs on the last CPU alone (a single-threaded loop: fewer
     /// migrations, less noise), the tracers' user space elsewhere.
     pin: bool,
+    /// Runs per condition and round (their median counts): more for a
+    /// short workload, whose runs differ by up to 10% on a small VM.
+    reps: usize,
 }
 
 const WORKLOADS: &[Workload] = &[
     Workload {
         name: "syscalls",
-        what: "open/read/close loop on a non-tmpfs file (600k syscalls)",
+        what: "open/read/close loop on a non-tmpfs file (300k syscalls, median of 5 runs)",
         source: "syscalls.c",
-        args: &["200000"],
+        args: &["100000"],
         pin: true,
+        reps: 5,
     },
     Workload {
         name: "loader",
@@ -59,6 +63,7 @@ const WORKLOADS: &[Workload] = &[
         source: "loader.c",
         args: &["24"],
         pin: false,
+        reps: 1,
     },
     Workload {
         name: "epoch",
@@ -66,6 +71,7 @@ const WORKLOADS: &[Workload] = &[
         source: "epoch.py",
         args: &[],
         pin: false,
+        reps: 1,
     },
 ];
 
@@ -204,9 +210,15 @@ pub fn run(root: &Path, opts: Opts) -> Result<()> {
             for (i, exe) in exes.iter().enumerate() {
                 let Some(exe) = exe else { continue };
                 let traced = (c == Cond::Run).then_some(shmtrace.as_path());
-                let t = time(exe, WORKLOADS[i].args, WORKLOADS[i].pin, traced)
-                    .with_context(|| format!("{} under {}", WORKLOADS[i].name, c.label()))?;
-                times[i][ci].push(t);
+                let w = &WORKLOADS[i];
+                let mut runs = Vec::new();
+                for _ in 0..w.reps {
+                    runs.push(
+                        time(exe, w.args, w.pin, traced)
+                            .with_context(|| format!("{} under {}", w.name, c.label()))?,
+                    );
+                }
+                times[i][ci].push(median(&runs));
             }
             if let Some(mut env) = env {
                 if c == Cond::Node {
