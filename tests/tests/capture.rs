@@ -204,6 +204,17 @@ fn python_shared_memory_sigbus() {
     );
     // 4 MiB fit; the first page past them faulted.
     assert!(f["offset"].as_u64().unwrap() <= 4 << 20);
+    // Named as Python's shared_memory, with how it dies and what helps.
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "python-shared-memory:sigbus", "{d}");
+    assert_eq!(d["framework"], "Python multiprocessing.shared_memory");
+    assert!(
+        d["framework_message"]
+            .as_str()
+            .unwrap()
+            .contains("exitcode -7")
+    );
+    assert!(d["knobs"].as_str().unwrap().contains(".unlink()"), "{d}");
     // shmtrace exits as the command did: killed by SIGBUS.
     assert_eq!(t.output.status.code(), Some(128 + 7));
 }

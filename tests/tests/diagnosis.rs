@@ -208,3 +208,40 @@ fn doctor_reports_this_machine() {
     assert!(text.contains("/dev/shm     tmpfs 64.0 MiB"), "{text}");
     assert!(text.contains("Docker's and Kubernetes' default"), "{text}");
 }
+
+/// NCCL's shared-memory transport (its calls and file names, without a
+/// GPU: tests/workloads/nccl_shm.c): named as NCCL, with what NCCL prints
+/// and its own settings beside the size.
+#[test]
+fn an_nccl_segment_that_does_not_fit_is_diagnosed_as_nccl() {
+    let exe = workload("nccl_shm");
+    let cmd = private_shm("size=8m", &format!("exec {} {}", exe.display(), 32 << 20));
+    let t = run_traced(&[], &cmd);
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    assert_eq!(f["pid"], truth["pid"], "{}", t.stderr());
+    assert_eq!(f["syscall"], "fallocate");
+    assert_eq!(f["path"], truth["path"]);
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "nccl:enospc-fallocate", "{d}");
+    assert_eq!(d["framework"], "NCCL");
+    assert!(
+        d["framework_message"]
+            .as_str()
+            .unwrap()
+            .contains("failed to extend /dev/shm/nccl-XXXXXX"),
+        "{d}"
+    );
+    assert!(
+        d["knobs"].as_str().unwrap().contains("NCCL_SHM_DISABLE=1"),
+        "{d}"
+    );
+    assert!(d["dataloader"].is_null(), "no DataLoader advice: {d}");
+    // 32 MiB asked on an 8 MiB /dev/shm: the size covers the request.
+    assert!(d["recommended_shm_bytes"].as_u64().unwrap() >= 32 << 20);
+    assert!(
+        t.stderr().contains("NCCL_SHM_DISABLE=1"),
+        "the summary shows the knob: {}",
+        t.stderr()
+    );
+}

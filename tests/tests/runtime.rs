@@ -144,6 +144,16 @@ fn rm(name: &str) {
         .output();
 }
 
+/// Removes the container when the test ends, a failed assertion included:
+/// a node-wide shmtrace left running in one would trace the other tests.
+struct Removed(String);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        rm(&self.0);
+    }
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -277,6 +287,7 @@ fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
     // then): a clear error naming what is missing, not a half-working tracer.
     let name = format!("shmtrace-ds-{}", std::process::id());
     rm(&name);
+    let _removed = Removed(name.clone());
     let no_admin: Vec<String> = caps.iter().filter(|c| *c != "SYS_ADMIN").cloned().collect();
     for (set, says) in [(Vec::new(), "CAP_BPF"), (no_admin, "CAP_SYS_ADMIN")] {
         let mut run = podman_run(&name, &base(&set), &root, &["/opt/shmtrace", "--quiet"]);

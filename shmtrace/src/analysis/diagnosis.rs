@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{
     scope::Scope,
+    users::User,
     words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
 };
 use crate::{state::procs::Proc, units::human_bytes};
@@ -18,9 +19,11 @@ const PREFETCH: u64 = 2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Diagnosis {
-    /// Stable identifier: "pytorch-dataloader:sigbus", "pytorch-dataloader:enospc-fallocate",
-    /// "shm:sigbus", "shm:enospc-write", "memcg:oom-kill"; when /dev/shm did
-    /// not run out, the cause: "shm:address-space-limit", "shm:noexec", ...
+    /// Stable identifier, "<user>:<what>": the user is pytorch-dataloader,
+    /// python-shared-memory, nccl, ray-object-store, posix-semaphore or shm
+    /// (anything else); what is sigbus, enospc-fallocate, enospc-write...,
+    /// or, when /dev/shm did not run out, the cause ("shm:noexec"); an OOM
+    /// kill is "memcg:oom-kill".
     pub signature: String,
     pub framework: Option<String>,
     /// The diagnosis in one paragraph.
@@ -41,6 +44,10 @@ pub struct Diagnosis {
     pub runtime_fix: Option<String>,
     /// The DataLoader settings that would fit the current size instead.
     pub dataloader: Option<String>,
+    /// Another library's settings that make it need less /dev/shm (NCCL,
+    /// Ray, Python's shared_memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub knobs: Option<String>,
     /// When a bigger /dev/shm may not be the fix: one process that did not
     /// fail held most of the bytes (a consumer keeping every batch alive).
     pub caveat: Option<String>,
@@ -49,22 +56,10 @@ pub struct Diagnosis {
     pub fix: Option<String>,
 }
 
-/// PyTorch leaves its fingerprints on file names and process names.
-fn is_pytorch(r: &Scope) -> bool {
-    r.failures
-        .iter()
-        .any(|f| f.path.as_deref().is_some_and(|p| p.contains("/torch_")))
-        || r.processes
-            .iter()
-            .any(|p| p.comm.starts_with("pt_data_worker") || p.comm.starts_with("pt_main_thread"))
-        || r.files
-            .iter()
-            .any(|f| f.name.as_deref().is_some_and(|n| n.starts_with("torch_")))
-}
-
 pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     let first = r.first_failure?;
-    let pytorch = is_pytorch(r);
+    let user = User::recognize(r);
+    let pytorch = user == User::PytorchDataLoader;
     let what = match (first.kind, first.syscall) {
         ("sigbus", _) => "sigbus".to_string(),
         ("oom_kill", _) => "oom-kill".to_string(),
@@ -77,10 +72,9 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     } else {
         first.reason.name().replace('_', "-")
     };
-    let signature = match (first.kind, pytorch) {
-        ("oom_kill", _) => format!("memcg:{what}"),
-        (_, true) => format!("pytorch-dataloader:{what}"),
-        (_, false) => format!("shm:{what}"),
+    let signature = match first.kind {
+        "oom_kill" => format!("memcg:{what}"),
+        _ => format!("{}:{what}", user.id()),
     };
     let proc_of = |pid: u32| r.processes.iter().find(|p| p.pid == pid);
     let mount = first.mount.as_ref();
@@ -112,7 +106,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             index_of(first.pid),
         )
     } else {
-        (None, None)
+        (user.message(first.kind, first.syscall), None)
     };
 
     let (recommended, basis) = recommend(r, pytorch);
@@ -162,7 +156,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         2 => summary.push_str(" 1 more failure followed."),
         n => summary.push_str(&format!(" {} more failures followed.", n - 1)),
     }
-    let caveat = hoarder(r, pytorch);
+    let caveat = hoarder(r, user);
     match (recommended, &caveat) {
         (Some(rec), None) => summary.push_str(&format!(
             " A /dev/shm of {} should be enough ({}).",
@@ -177,7 +171,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     }
     Some(Diagnosis {
         signature,
-        framework: pytorch.then(|| "PyTorch DataLoader".to_string()),
+        framework: user.name().map(String::from),
         summary,
         framework_message,
         framework_misleads,
@@ -187,6 +181,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         kubernetes: recommended.map(|b| kubernetes_snippet(b / MIB)),
         runtime_fix: recommended.and_then(|b| runtime_fix(r.container?, b / MIB)),
         dataloader: fits.filter(|_| ran_out),
+        knobs: user.knobs().filter(|_| ran_out).map(String::from),
         caveat,
         fix: first.fix.clone(),
     })
@@ -195,8 +190,9 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
 /// A process that did not fail but held more than half of the mount's use
 /// at the first failure. In a PyTorch DataLoader the main process holding
 /// prefetched batches, and workers holding the batch they made, is the
-/// design, not a hoard: not flagged.
-fn hoarder(r: &Scope, pytorch: bool) -> Option<String> {
+/// design, not a hoard: not flagged; nor are sibling workers of the other
+/// libraries that share segments between processes.
+fn hoarder(r: &Scope, user: User) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
     let h = first
@@ -207,7 +203,8 @@ fn hoarder(r: &Scope, pytorch: bool) -> Option<String> {
         .processes
         .iter()
         .any(|p| p.pid == h.pid && p.ppid == first.ppid);
-    if pytorch && (h.pid == first.ppid || sibling) {
+    let parent = h.pid == first.ppid && user == User::PytorchDataLoader;
+    if parent || (sibling && user.shares_between_siblings()) {
         return None;
     }
     Some(format!(

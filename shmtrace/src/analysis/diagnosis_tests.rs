@@ -148,3 +148,32 @@ fn no_failure_no_diagnosis() {
     let (st, _, _) = setup();
     assert!(diagnose(&Scope::whole(&Facts::gather(&st, ctx()))).is_none());
 }
+
+#[test]
+fn other_libraries_are_named_by_their_segments_with_their_own_settings() {
+    for (names, signature, framework, knob) in [
+        (
+            "psm",
+            "python-shared-memory:sigbus",
+            "Python multiprocessing.shared_memory",
+            ".unlink()",
+        ),
+        ("nccl-Xk3", "nccl:sigbus", "NCCL", "NCCL_SHM_DISABLE=1"),
+        (
+            "plasma",
+            "ray-object-store:sigbus",
+            "Ray object store (plasma)",
+            "object_store_memory",
+        ),
+    ] {
+        let facts = dataloader(names);
+        let d = diagnose(&Scope::whole(&facts)).unwrap();
+        assert_eq!(d.signature, signature);
+        assert_eq!(d.framework.as_deref(), Some(framework));
+        assert!(d.knobs.unwrap().contains(knob));
+        assert!(d.framework_message.is_some(), "{names}");
+        // No DataLoader arithmetic for them.
+        assert!(d.dataloader.is_none());
+        assert!(!d.basis.unwrap().contains("DataLoader"));
+    }
+}

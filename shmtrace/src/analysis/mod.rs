@@ -6,6 +6,7 @@ pub mod diagnosis;
 pub mod facts;
 pub mod incident;
 pub mod scope;
+pub mod users;
 pub mod words;
 
 use serde::Serialize;

@@ -215,6 +215,9 @@ pub fn render(r: &Report) -> String {
         if let Some(dl) = &d.dataloader {
             let _ = writeln!(s, "    or           {dl}");
         }
+        if let Some(k) = &d.knobs {
+            let _ = writeln!(s, "    or           {k}");
+        }
         if let Some(c) = &d.caveat {
             let _ = writeln!(s, "  caveat         {c}");
         }

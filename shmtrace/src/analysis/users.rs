@@ -1,0 +1,217 @@
+//! Who uses the shared memory that ran out, from the evidence it leaves:
+//! file names first (each library names its segments its own way), then
+//! process names. Each user has its signature id, the message it prints
+//! when /dev/shm runs out, and the settings that make it need less.
+
+use super::scope::Scope;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum User {
+    /// `torch_*` segments (file_descriptor and file_system strategies),
+    /// `pt_data_worker`/`pt_main_thread` threads.
+    PytorchDataLoader,
+    /// Python's multiprocessing.shared_memory: `psm_*` (shm_open, sparse
+    /// ftruncate, mmap: runs out at a page fault, as SIGBUS).
+    PythonSharedMemory,
+    /// NCCL's intra-node transport: `nccl-XXXXXX` (mkstemp, then
+    /// posix_fallocate: runs out as ENOSPC).
+    Nccl,
+    /// Ray's object store: `plasmaXXXXXX` (mkstemp, unlink, sparse
+    /// ftruncate, mmap: runs out later, as SIGBUS).
+    RayObjectStore,
+    /// POSIX named semaphores: `sem.NAME` (one page each).
+    PosixSemaphore,
+    /// Anything else: plain shm_open, files written into /dev/shm.
+    Unknown,
+}
+
+impl User {
+    /// The user of the memory in `r`: the first failure's own file decides
+    /// when its name is known (but a semaphore, one page, is only ever
+    /// collateral of what filled the mount); else PyTorch's fingerprints
+    /// anywhere (its workers fail on segments of any name); else the most
+    /// common kind of segment on the mount.
+    pub fn recognize(r: &Scope) -> User {
+        if let Some(u) = r
+            .first_failure
+            .and_then(|f| f.path.as_deref())
+            .map(by_name)
+            .filter(|u| !matches!(u, User::Unknown | User::PosixSemaphore))
+        {
+            return u;
+        }
+        let names: Vec<User> = r
+            .failures
+            .iter()
+            .filter_map(|f| f.path.as_deref())
+            .chain(r.files.iter().filter_map(|f| f.name.as_deref()))
+            .map(by_name)
+            .collect();
+        let pytorch = r
+            .processes
+            .iter()
+            .any(|p| p.comm.starts_with("pt_data_worker") || p.comm.starts_with("pt_main_thread"));
+        if pytorch || names.contains(&User::PytorchDataLoader) {
+            return User::PytorchDataLoader;
+        }
+        let mut best = (0, User::Unknown);
+        for u in [User::Nccl, User::RayObjectStore, User::PythonSharedMemory] {
+            let n = names.iter().filter(|x| **x == u).count();
+            if n > best.0 {
+                best = (n, u);
+            }
+        }
+        if best.0 == 0 && names.contains(&User::PosixSemaphore) {
+            return User::PosixSemaphore;
+        }
+        best.1
+    }
+
+    /// The signature's prefix: "pytorch-dataloader:sigbus".
+    pub fn id(self) -> &'static str {
+        match self {
+            User::PytorchDataLoader => "pytorch-dataloader",
+            User::PythonSharedMemory => "python-shared-memory",
+            User::Nccl => "nccl",
+            User::RayObjectStore => "ray-object-store",
+            User::PosixSemaphore => "posix-semaphore",
+            User::Unknown => "shm",
+        }
+    }
+
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            User::PytorchDataLoader => Some("PyTorch DataLoader"),
+            User::PythonSharedMemory => Some("Python multiprocessing.shared_memory"),
+            User::Nccl => Some("NCCL"),
+            User::RayObjectStore => Some("Ray object store (plasma)"),
+            User::PosixSemaphore => Some("POSIX named semaphores"),
+            User::Unknown => None,
+        }
+    }
+
+    /// Whether processes of one parent sharing segments is the design (a
+    /// sibling holding most of the bytes is no hoard).
+    pub fn shares_between_siblings(self) -> bool {
+        self != User::Unknown
+    }
+
+    /// What the library prints (or how the process dies) for this failure.
+    /// PyTorch's is in `diagnosis`, which knows its workers.
+    pub fn message(self, kind: &str, syscall: Option<&str>) -> Option<String> {
+        let m = match (self, kind, syscall) {
+            (User::PythonSharedMemory, "sigbus", _) => {
+                "the process dies of SIGBUS: a shell prints 'Bus error (core dumped)', \
+                 multiprocessing reports exitcode -7, a ProcessPoolExecutor raises \
+                 BrokenProcessPool ('A process in the process pool was terminated abruptly')"
+            }
+            (User::PythonSharedMemory, "enospc", _) => {
+                "OSError: [Errno 28] No space left on device"
+            }
+            (User::Nccl, "enospc", _) => {
+                "NCCL WARN Error: failed to extend /dev/shm/nccl-XXXXXX to N bytes, then \
+                 'NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)' \
+                 (ncclSystemError) in every rank"
+            }
+            (User::Nccl, "sigbus", _) => {
+                "the rank dies of SIGBUS ('Bus error'); torch.distributed then reports the \
+                 other ranks' collective timeouts, not the cause"
+            }
+            (User::RayObjectStore, "sigbus", _) => {
+                "the raylet (it hosts the object store) dies of SIGBUS: workers report \
+                 'The object store process exited unexpectedly' or RayletDiedError, and \
+                 tasks fail with ObjectLostError"
+            }
+            (User::RayObjectStore, "enospc", _) => {
+                "the object store cannot create its backing file: Ray warns that /dev/shm is \
+                 too small and the raylet fails to start"
+            }
+            (User::PosixSemaphore, "enospc", _) => {
+                "sem_open: No space left on device (Python: OSError: [Errno 28] from \
+                 multiprocessing.Lock/Queue/SemLock)"
+            }
+            _ => return None,
+        };
+        Some(m.to_string())
+    }
+
+    /// Settings of the library that make it need less /dev/shm (PyTorch's
+    /// DataLoader has its own, computed, in `Diagnosis::dataloader`).
+    pub fn knobs(self) -> Option<&'static str> {
+        Some(match self {
+            User::PythonSharedMemory => {
+                "call .close() in every process and .unlink() once, when done: a \
+                 SharedMemory never unlinked stays in /dev/shm after its process exits; make \
+                 fewer or smaller segments, or pass data through a Queue/Pipe instead"
+            }
+            User::Nccl => {
+                "NCCL_SHM_DISABLE=1 (intra-node traffic goes over P2P or the network instead \
+                 of /dev/shm), or NCCL 2.23+ with NCCL_CUMEM_HOST_ENABLE=1 (host buffers from \
+                 cuMem, not /dev/shm); fewer channels (NCCL_MAX_NCHANNELS) need less"
+            }
+            User::RayObjectStore => {
+                "ray.init(object_store_memory=N) or `ray start --object-store-memory N` below \
+                 the /dev/shm size (Ray sizes its store at 30% of memory by default), or let \
+                 it fall back to /tmp (slower) with --plasma-directory=/tmp"
+            }
+            User::PosixSemaphore => {
+                "a semaphore needs one page: /dev/shm was full of something else; see the \
+                 holders"
+            }
+            User::PytorchDataLoader | User::Unknown => return None,
+        })
+    }
+}
+
+/// The user a file name (or path) points to.
+pub fn by_name(path: &str) -> User {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if name.starts_with("torch_") {
+        User::PytorchDataLoader
+    } else if name.starts_with("psm_") {
+        User::PythonSharedMemory
+    } else if name.starts_with("nccl-") {
+        User::Nccl
+    } else if name.starts_with("plasma") {
+        User::RayObjectStore
+    } else if name.starts_with("sem.") {
+        User::PosixSemaphore
+    } else {
+        User::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_point_to_their_library() {
+        assert_eq!(by_name("/dev/shm/torch_123_456_7"), User::PytorchDataLoader);
+        assert_eq!(by_name("/dev/shm/psm_0a1b2c3d"), User::PythonSharedMemory);
+        assert_eq!(by_name("/dev/shm/nccl-Xk3bQ9"), User::Nccl);
+        assert_eq!(by_name("plasmaAbC123"), User::RayObjectStore);
+        assert_eq!(by_name("/dev/shm/sem.mp-1a2b"), User::PosixSemaphore);
+        assert_eq!(by_name("/dev/shm/seg"), User::Unknown);
+        // Only the file's own name counts, not a directory on the way.
+        assert_eq!(by_name("/dev/shm/torch_dir/seg"), User::Unknown);
+    }
+
+    #[test]
+    fn each_library_says_what_it_prints_and_how_to_need_less() {
+        for u in [User::PythonSharedMemory, User::Nccl, User::RayObjectStore] {
+            assert!(u.message("sigbus", None).is_some(), "{u:?}");
+            assert!(u.knobs().is_some(), "{u:?}");
+            assert!(u.name().is_some());
+        }
+        assert!(
+            User::Nccl
+                .message("enospc", Some("fallocate"))
+                .unwrap()
+                .contains("NCCL")
+        );
+        assert!(User::Nccl.knobs().unwrap().contains("NCCL_SHM_DISABLE=1"));
+        assert_eq!(User::Unknown.id(), "shm");
+        assert!(User::Unknown.message("sigbus", None).is_none());
+    }
+}
