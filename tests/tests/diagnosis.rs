@@ -245,3 +245,47 @@ fn an_nccl_segment_that_does_not_fit_is_diagnosed_as_nccl() {
         t.stderr()
     );
 }
+
+/// Files an earlier process left in /dev/shm and nobody holds are named,
+/// with whose they were and the command that removes them; what the job
+/// itself needed is computed without them (here it fits the size it has).
+#[test]
+fn leftover_files_of_exited_processes_are_subtracted_and_named() {
+    let cmd = private_shm(
+        "size=8m",
+        "dd if=/dev/zero of=/dev/shm/left1 bs=1M count=5 2>/dev/null; sleep 0.3; \
+         exec dd if=/dev/zero of=/dev/shm/job bs=1M count=6",
+    );
+    let t = run_traced(&[], &cmd);
+    let f = t.first();
+    assert_eq!(f["path"], "/dev/shm/job", "{}", t.stderr());
+    let d = &t.report["diagnosis"];
+    let left = d["leftovers"].as_str().expect("leftovers named");
+    assert!(
+        left.contains("/dev/shm/left1 (5.0 MiB, made by pid"),
+        "{left}"
+    );
+    assert!(left.contains("(dd)"), "{left}");
+    assert!(left.ends_with("rm -- /dev/shm/left1"), "{left}");
+    // 3 MiB of the job's own + 1 MiB asked fit 8 MiB without the 5 MiB left.
+    assert!(d["recommended_shm_bytes"].is_null(), "{d}");
+    assert!(
+        d["basis"]
+            .as_str()
+            .unwrap()
+            .contains("once the 5.0 MiB of leftover files are removed"),
+        "{d}"
+    );
+    assert!(
+        d["summary"]
+            .as_str()
+            .unwrap()
+            .contains("Removing them is enough"),
+        "{d}"
+    );
+    assert!(
+        t.stderr().contains("leftovers      1 file(s)"),
+        "{}",
+        t.stderr()
+    );
+}

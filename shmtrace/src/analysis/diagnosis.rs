@@ -9,7 +9,10 @@ use super::{
     users::User,
     words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
 };
-use crate::{state::procs::Proc, units::human_bytes};
+use crate::{
+    state::{files::FileState, procs::Proc},
+    units::human_bytes,
+};
 
 const MIB: u64 = 1 << 20;
 /// Sizes are rounded up to this, the way people write --shm-size.
@@ -48,6 +51,11 @@ pub struct Diagnosis {
     /// Ray, Python's shared_memory).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub knobs: Option<String>,
+    /// Named files on the failing mount that nobody held and whose creator
+    /// had exited before the failure (a crashed job's segments): which,
+    /// whose, how many bytes, and the command that removes them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leftovers: Option<String>,
     /// When a bigger /dev/shm may not be the fix: one process that did not
     /// fail held most of the bytes (a consumer keeping every batch alive).
     pub caveat: Option<String>,
@@ -109,7 +117,9 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         (user.message(first.kind, first.syscall), None)
     };
 
-    let (recommended, basis) = recommend(r, pytorch);
+    let left = leftovers(r);
+    let left_bytes: u64 = left.iter().map(|f| f.allocated_bytes).sum();
+    let (recommended, basis) = recommend(r, pytorch, left_bytes);
     let fits = dataloader_fit(r, pytorch, size, workers_allocating(r));
     let failed_at = mount
         .and_then(|m| Some((m.used_bytes?, m.size_bytes?)))
@@ -156,6 +166,16 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         2 => summary.push_str(" 1 more failure followed."),
         n => summary.push_str(&format!(" {} more failures followed.", n - 1)),
     }
+    let leftovers = describe_leftovers(r, &left, left_bytes);
+    if let Some(m) = first.mount.as_ref().and_then(|m| m.used_bytes)
+        && left_bytes > 0
+    {
+        summary.push_str(&format!(
+            " {} of the {} in use were files left behind by processes that had exited (see leftovers).",
+            human_bytes(left_bytes),
+            human_bytes(m)
+        ));
+    }
     let caveat = hoarder(r, user);
     match (recommended, &caveat) {
         (Some(rec), None) => summary.push_str(&format!(
@@ -167,6 +187,9 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             " A /dev/shm of {} would cover what was asked at that moment; see the caveat.",
             human_mib(rec)
         )),
+        (None, _) if left_bytes > 0 && ran_out => {
+            summary.push_str(" Removing them is enough: the job fits the /dev/shm it has.")
+        }
         _ => {}
     }
     Some(Diagnosis {
@@ -182,9 +205,105 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         runtime_fix: recommended.and_then(|b| runtime_fix(r.container?, b / MIB)),
         dataloader: fits.filter(|_| ran_out),
         knobs: user.knobs().filter(|_| ran_out).map(String::from),
+        leftovers,
         caveat,
         fix: first.fix.clone(),
     })
+}
+
+/// Named files on the first failure's mount that nobody holds and whose
+/// creator had exited before the failure, largest first.
+fn leftovers<'a>(r: &Scope<'a>) -> Vec<&'a FileState> {
+    let Some(first) = r.first_failure else {
+        return Vec::new();
+    };
+    let mut v: Vec<&FileState> = r
+        .files
+        .iter()
+        .copied()
+        .filter(|f| Some(f.kdev) == first.kdev && !f.unlinked && f.allocated_bytes > 0)
+        .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
+        .filter(|f| {
+            let creator = f
+                .creator
+                .and_then(|pid| r.processes.iter().find(|p| p.pid == pid));
+            creator
+                .and_then(|p| p.exit_ts_ns)
+                .is_some_and(|t| t < first.ts_ns)
+        })
+        .collect();
+    v.sort_by_key(|f| std::cmp::Reverse(f.allocated_bytes));
+    v
+}
+
+fn describe_leftovers(r: &Scope, left: &[&FileState], bytes: u64) -> Option<String> {
+    let first = r.first_failure?;
+    if left.is_empty() {
+        return None;
+    }
+    let mp = first
+        .mount
+        .as_ref()
+        .and_then(|m| m.mountpoint.clone())
+        .unwrap_or_else(|| "/dev/shm".into());
+    let whose = |f: &FileState| {
+        f.creator
+            .and_then(|pid| r.processes.iter().find(|p| p.pid == pid))
+            .map(|p| format!("pid {} ({})", p.pid, p.comm))
+            .unwrap_or_else(|| "an exited process".into())
+    };
+    let listed: Vec<String> = left
+        .iter()
+        .take(5)
+        .map(|f| {
+            format!(
+                "{mp}/{} ({}, made by {})",
+                f.name.as_deref().unwrap_or("?"),
+                human_bytes(f.allocated_bytes),
+                whose(f)
+            )
+        })
+        .collect();
+    let more = match left.len() {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{} file(s), {}, nobody held: {}{more}. Remove them: {}",
+        left.len(),
+        human_bytes(bytes),
+        listed.join(", "),
+        remove_command(&mp, left)
+    ))
+}
+
+/// `rm` of plain names; a name with anything a shell could misread (it is
+/// escaped in reports) is removed by inode instead.
+fn remove_command(mp: &str, left: &[&FileState]) -> String {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-+@%=:,".contains(&b))
+    };
+    if plain(mp.trim_start_matches('/').replace('/', "").as_str())
+        && left.iter().all(|f| f.name.as_deref().is_some_and(plain))
+    {
+        let files: Vec<String> = left
+            .iter()
+            .map(|f| format!("{mp}/{}", f.name.as_deref().unwrap_or("")))
+            .collect();
+        return format!("rm -- {}", files.join(" "));
+    }
+    let inums: Vec<String> = left.iter().map(|f| format!("-inum {}", f.ino)).collect();
+    format!(
+        "find {} -xdev \\( {} \\) -delete",
+        if plain(mp.trim_start_matches('/').replace('/', "").as_str()) {
+            mp
+        } else {
+            "/dev/shm"
+        },
+        inums.join(" -o ")
+    )
 }
 
 /// A process that did not fail but held more than half of the mount's use
@@ -310,7 +429,7 @@ fn largest_segment(r: &Scope) -> u64 {
 /// processes still wanted; for a PyTorch DataLoader also its steady state,
 /// (workers x prefetch_factor + 2) batches in flight. Then 25% headroom,
 /// rounded up to 64 MiB.
-fn recommend(r: &Scope, pytorch: bool) -> (Option<u64>, Option<String>) {
+fn recommend(r: &Scope, pytorch: bool, leftover: u64) -> (Option<u64>, Option<String>) {
     let Some(first) = r.first_failure else {
         return (None, None);
     };
@@ -330,7 +449,12 @@ fn recommend(r: &Scope, pytorch: bool) -> (Option<u64>, Option<String>) {
         );
     }
     let m = first.mount.as_ref();
-    let used = m.and_then(|m| m.used_bytes).unwrap_or(0);
+    // What the job itself used: leftover files of exited processes are
+    // not its need (removing them is the fix for that part).
+    let used = m
+        .and_then(|m| m.used_bytes)
+        .unwrap_or(0)
+        .saturating_sub(leftover);
     let size = m.and_then(|m| m.size_bytes).unwrap_or(0);
     let mut unmet = 0u64;
     let mut seen = std::collections::BTreeSet::new();
@@ -355,7 +479,26 @@ fn recommend(r: &Scope, pytorch: bool) -> (Option<u64>, Option<String>) {
     } else {
         0
     };
-    let need = observed.max(steady).max(size + 4096);
+    if leftover > 0 && observed.max(steady) + observed.max(steady) / 4 <= size {
+        // Without the leftovers the job fits the size it has.
+        return (
+            None,
+            Some(format!(
+                "{} in use by the job at the failure + {} it still asked for = {}, which fits \
+                 the {} /dev/shm once the {} of leftover files are removed",
+                human_bytes(used),
+                human_bytes(unmet),
+                human_bytes(observed),
+                human_bytes(size),
+                human_bytes(leftover)
+            )),
+        );
+    }
+    let need = if leftover > 0 {
+        observed.max(steady)
+    } else {
+        observed.max(steady).max(size + 4096)
+    };
     let with_headroom = need + need / 4;
     let rounded = with_headroom.div_ceil(ROUND) * ROUND;
     let mut basis = format!(
@@ -364,6 +507,12 @@ fn recommend(r: &Scope, pytorch: bool) -> (Option<u64>, Option<String>) {
         human_bytes(unmet),
         human_bytes(observed)
     );
+    if leftover > 0 {
+        basis.push_str(&format!(
+            " (not counting {} of leftover files)",
+            human_bytes(leftover)
+        ));
+    }
     if pytorch && segment > 0 {
         basis.push_str(&format!(
             "; DataLoader steady state ({workers} workers x prefetch_factor {PREFETCH} + 2) x {} batches = {}",

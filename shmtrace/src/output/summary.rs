@@ -212,11 +212,19 @@ pub fn render(r: &Report) -> String {
         if let (None, Some(fix)) = (d.recommended_shm_bytes, &d.fix) {
             let _ = writeln!(s, "  fix            {fix}");
         }
+        if let (None, None, Some(_), Some(b)) =
+            (d.recommended_shm_bytes, &d.fix, &d.leftovers, &d.basis)
+        {
+            let _ = writeln!(s, "  fix            remove the leftovers: {b}");
+        }
         if let Some(dl) = &d.dataloader {
             let _ = writeln!(s, "    or           {dl}");
         }
         if let Some(k) = &d.knobs {
             let _ = writeln!(s, "    or           {k}");
+        }
+        if let Some(l) = &d.leftovers {
+            let _ = writeln!(s, "  leftovers      {l}");
         }
         if let Some(c) = &d.caveat {
             let _ = writeln!(s, "  caveat         {c}");
