@@ -326,6 +326,34 @@ fn oom_kill_of_a_traced_process_holding_shmem() {
     assert_eq!(f["pid"].as_u64(), Some(pid));
     // Most of the 32 MiB the cgroup allowed was the memfd's shmem.
     assert!(f["bytes"].as_u64().unwrap() > 16 << 20, "{f}");
+    // The memory cgroup, read at the kill: its limit, use and shmem.
+    let m = &f["memcg"];
+    assert_eq!(m["version"], 1, "{f}");
+    assert_eq!(m["limit_bytes"].as_u64(), Some(32 << 20), "{f}");
+    assert!(
+        m["path"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("shmtrace-test-oom-{}", std::process::id()))
+    );
+    assert!(m["shmem_bytes"].as_u64().unwrap() > 16 << 20, "{f}");
+    assert!(
+        f["cause"].as_str().unwrap().contains("allows 32.0 MiB"),
+        "{f}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "memcg:oom-kill");
+    assert!(
+        d["recommended_shm_bytes"].is_null(),
+        "never a bigger /dev/shm: {d}"
+    );
+    assert!(
+        d["fix"]
+            .as_str()
+            .unwrap()
+            .contains("raise the memory limit"),
+        "{d}"
+    );
     assert_eq!(t.output.status.code(), Some(128 + 9));
 }
 

@@ -289,3 +289,44 @@ fn leftover_files_of_exited_processes_are_subtracted_and_named() {
         t.stderr()
     );
 }
+
+/// /dev/shm pages count against the writer's memory cgroup: a size it
+/// cannot hold is no fix, and the diagnosis says so ahead of the OOM kill.
+#[test]
+fn a_size_beyond_the_memory_limit_is_flagged() {
+    let cg = format!(
+        "/sys/fs/cgroup/memory/shmtrace-test-headroom-{}",
+        std::process::id()
+    );
+    std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{cg}/memory.limit_in_bytes"), "48M").unwrap();
+    let t = run_traced(
+        &[],
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo $$ > {cg}/cgroup.procs && exec unshare -m --propagation private sh -c \
+                 'mount -t tmpfs -o size=32m tmpfs /dev/shm && \
+                 exec dd if=/dev/zero of=/dev/shm/big bs=1M count=40'"
+            ),
+        ],
+    );
+    let _ = std::fs::remove_dir(&cg);
+    let f = t.first();
+    assert_eq!(f["kind"], "enospc", "{}", t.stderr());
+    assert_eq!(f["memcg"]["limit_bytes"].as_u64(), Some(48 << 20), "{f}");
+    let d = &t.report["diagnosis"];
+    // 32 MiB + 1 MiB asked, +25%, rounded: 64 MiB, more than 48 MiB allows.
+    assert_eq!(d["recommended_shm_bytes"].as_u64(), Some(64 << 20), "{d}");
+    let m = d["memory_limit"]
+        .as_str()
+        .expect("the memory limit is flagged");
+    assert!(m.contains("allows 48.0 MiB"), "{m}");
+    assert!(m.contains("OOM killer strikes first"), "{m}");
+    assert!(
+        t.stderr().contains("memory limit   the failing process"),
+        "{}",
+        t.stderr()
+    );
+}

@@ -56,6 +56,10 @@ pub struct Diagnosis {
     /// whose, how many bytes, and the command that removes them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leftovers: Option<String>,
+    /// When the failing process's memory cgroup leaves less room than the
+    /// mount (or the recommended size): past that, an OOM kill, not ENOSPC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
     /// When a bigger /dev/shm may not be the fix: one process that did not
     /// fail held most of the bytes (a consumer keeping every batch alive).
     pub caveat: Option<String>,
@@ -151,9 +155,18 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             "{role} was the first to fail: it touched a page of {} that {mp} could not allocate{failed_at}, and the kernel killed it with SIGBUS.",
             first.path.as_deref().unwrap_or("a shared-memory file")
         ),
-        "oom_kill" => format!(
-            "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."
-        ),
+        "oom_kill" => match first.memcg.as_ref().and_then(|m| Some((m, m.limit_bytes?))) {
+            Some((m, limit)) => format!(
+                "{role} was killed by the OOM killer: its memory cgroup {} allows {}, and {} of the {} in use was shared memory, which counts against it. A bigger /dev/shm would not help.",
+                m.path,
+                human_bytes(limit),
+                human_bytes(m.shmem_bytes.unwrap_or(0)),
+                human_bytes(m.usage_bytes)
+            ),
+            None => format!(
+                "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."
+            ),
+        },
         _ => format!(
             "{role} was the first to fail: {}() on {} returned {}{failed_at}.",
             first.syscall.unwrap_or("a syscall"),
@@ -176,6 +189,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             human_bytes(m)
         ));
     }
+    let memory_limit = memory_headroom(first, recommended);
     let caveat = hoarder(r, user);
     match (recommended, &caveat) {
         (Some(rec), None) => summary.push_str(&format!(
@@ -206,8 +220,35 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         dataloader: fits.filter(|_| ran_out),
         knobs: user.knobs().filter(|_| ran_out).map(String::from),
         leftovers,
+        memory_limit,
         caveat,
         fix: first.fix.clone(),
+    })
+}
+
+/// /dev/shm pages count against the writer's memory cgroup: a mount (or a
+/// recommended size) larger than what the cgroup leaves for shared memory
+/// cannot be filled; the cgroup's OOM killer strikes first.
+fn memory_headroom(
+    first: &crate::state::failures::Failure,
+    recommended: Option<u64>,
+) -> Option<String> {
+    if first.kind == "oom_kill" {
+        return None;
+    }
+    let m = first.memcg.as_ref()?;
+    let limit = m.limit_bytes?;
+    let room = limit.saturating_sub(m.usage_bytes.saturating_sub(m.shmem_bytes.unwrap_or(0)));
+    let size = first.mount.as_ref().and_then(|x| x.size_bytes).unwrap_or(0);
+    let want = recommended.unwrap_or(0).max(size);
+    (want > room).then(|| {
+        format!(
+            "the failing process's memory cgroup {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
+            m.path,
+            human_bytes(limit),
+            human_bytes(room),
+            human_bytes(want)
+        )
     })
 }
 

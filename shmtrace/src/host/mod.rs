@@ -7,6 +7,7 @@ pub mod anchors;
 pub mod blocking;
 #[cfg(test)]
 pub mod fixture;
+pub mod memcg;
 pub mod proc;
 pub mod procfs;
 pub mod runtimes;
@@ -124,6 +125,14 @@ pub trait Host {
     fn cgroup_path(&mut self, id: u64) -> Option<String>;
     /// `pid` as the process sees it (its PID namespace's number).
     fn ns_pid(&self, _pid: u32) -> Option<u32> {
+        None
+    }
+    /// The memory cgroup `pid` is in now: (hierarchy version, path).
+    fn memcg_of(&self, _pid: u32) -> Option<(u8, String)> {
+        None
+    }
+    /// A memory cgroup's limit, usage and shmem now (at a failure).
+    fn memcg_at(&self, _version: u8, _path: &str) -> Option<memcg::Memcg> {
         None
     }
     /// A container's and pod's names (kubelet's logs, the runtime's state).

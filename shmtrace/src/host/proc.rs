@@ -205,6 +205,25 @@ impl Host for ProcHost {
             .flatten()
     }
 
+    fn memcg_of(&self, pid: u32) -> Option<(u8, String)> {
+        self.io
+            .run(
+                || format!("memcg of {pid}"),
+                move || super::memcg::locate(Path::new("/"), pid),
+            )
+            .flatten()
+    }
+
+    fn memcg_at(&self, version: u8, path: &str) -> Option<super::memcg::Memcg> {
+        let (p, key) = (path.to_string(), format!("memcg {path}"));
+        self.io
+            .run(
+                || key,
+                move || super::memcg::read_at(Path::new("/"), version, &p),
+            )
+            .flatten()
+    }
+
     fn cgroup(&self, pid: u32) -> Option<String> {
         self.io
             .run(

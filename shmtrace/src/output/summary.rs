@@ -226,6 +226,9 @@ pub fn render(r: &Report) -> String {
         if let Some(l) = &d.leftovers {
             let _ = writeln!(s, "  leftovers      {l}");
         }
+        if let Some(m) = &d.memory_limit {
+            let _ = writeln!(s, "  memory limit   {m}");
+        }
         if let Some(c) = &d.caveat {
             let _ = writeln!(s, "  caveat         {c}");
         }

@@ -340,12 +340,32 @@ impl State {
         };
         let mut f = self.base_failure("oom_kill", h, *victim, *victim);
         f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
+        // Read now: the victim is on its way out.
+        f.memcg = self.memcg_now(host, *victim);
+        let (limit, fix) = match &f.memcg {
+            Some(m) => oom_words(m, *shmem_rss),
+            None => (
+                String::new(),
+                "raise the memory limit of its cgroup by what it keeps in /dev/shm: tmpfs pages count against it".into(),
+            ),
+        };
         f.cause = format!(
-            "the OOM killer chose this process{held} (shared memory pages count against its memory cgroup)"
+            "the OOM killer chose this process{held}{limit} (shared memory pages count against its memory cgroup)"
         );
         f.reason = Reason::OomKill;
-        f.fix = Some("raise the memory limit of its cgroup by what it keeps in /dev/shm: tmpfs pages count against it".into());
+        f.fix = Some(fix);
         self.record(host, f);
+    }
+
+    /// `pid`'s memory cgroup as it stands now: where it was when it created
+    /// a tmpfs file (it may have exited since), else where it is.
+    fn memcg_now(&self, host: &mut dyn Host, pid: u32) -> Option<crate::host::memcg::Memcg> {
+        let (version, path) = self
+            .procs
+            .get(pid)
+            .and_then(|p| p.memcg.clone())
+            .or_else(|| host.memcg_of(pid))?;
+        host.memcg_at(version, &path)
     }
 
     /// A failure of `pid` with what the process tree knows of it.
@@ -408,6 +428,9 @@ impl State {
         if let Some(n) = f.ns_pid {
             self.procs.set_ns_pid(f.pid, n);
         }
+        if f.memcg.is_none() {
+            f.memcg = self.memcg_now(host, f.pid);
+        }
         let cgid = self.procs.get(f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.container_of_id(host, cgid) {
             Some(c) => Some(c),
@@ -415,4 +438,38 @@ impl State {
         };
         self.failures.recorded(f);
     }
+}
+
+/// An OOM kill in words: (", in memory cgroup X: limit L, U in use, S of
+/// it shmem", the fix).
+fn oom_words(m: &crate::host::memcg::Memcg, shmem_rss: u64) -> (String, String) {
+    let shmem = m.shmem_bytes.unwrap_or(shmem_rss);
+    let Some(limit) = m.limit_bytes else {
+        return (
+            format!(
+                "; its memory cgroup {} has no limit of its own ({} in use, {} of it shmem): a parent cgroup's or the node's memory ran out",
+                m.path,
+                human_bytes(m.usage_bytes),
+                human_bytes(shmem)
+            ),
+            "find the limit that ran out (the pod's, or the node's memory), and count /dev/shm against it".into(),
+        );
+    };
+    let other = m.usage_bytes.saturating_sub(shmem);
+    (
+        format!(
+            "; its memory cgroup {} allows {}, and had {} in use, {} of it shmem (/dev/shm, memfd)",
+            m.path,
+            human_bytes(limit),
+            human_bytes(m.usage_bytes),
+            human_bytes(shmem)
+        ),
+        format!(
+            "raise the memory limit above what the job keeps in shared memory plus its other {} (now {}; the {} of shmem at the kill was still growing), or cap /dev/shm below {} (the limit less the rest) so that it fills with a clear ENOSPC before the cgroup does; a Kubernetes Memory emptyDir counts against the pod's limit (since 1.32 it is sized min(sizeLimit, pod limit))",
+            human_bytes(other),
+            human_bytes(limit),
+            human_bytes(shmem),
+            human_bytes(limit.saturating_sub(other))
+        ),
+    )
 }

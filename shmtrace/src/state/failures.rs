@@ -87,6 +87,10 @@ pub struct Failure {
     pub limit: Option<Limit>,
     /// What to change, for causes a bigger /dev/shm does not fix.
     pub fix: Option<String>,
+    /// The failing process's memory cgroup at the failure: /dev/shm pages
+    /// count against its limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcg: Option<crate::host::memcg::Memcg>,
     pub mount: Option<MountAtFailure>,
     pub ancestry: Vec<Ancestor>,
     pub mnt_ns: u32,
@@ -139,6 +143,7 @@ impl Failure {
             reason: Reason::Other,
             limit: None,
             fix: None,
+            memcg: None,
             mount: None,
             ancestry: Vec::new(),
             mnt_ns: 0,

@@ -197,6 +197,10 @@ impl State {
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
+                // A writer of tmpfs: where its pages will be charged.
+                if self.procs.get(h.pid).is_some() && !self.procs.has_memcg(h.pid) {
+                    self.procs.set_memcg(h.pid, host.memcg_of(h.pid));
+                }
                 self.files.opened(h.pid, *fd, file.key(), created);
                 let what = if *syscall == crate::event::Syscall::Dup {
                     "dup"

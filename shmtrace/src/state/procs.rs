@@ -42,6 +42,10 @@ pub struct Proc {
     pub peak_allocated_bytes: u64,
     pub peak_held_bytes: u64,
     pub container: Option<Container>,
+    /// Its memory cgroup (hierarchy version, path), read while it lived,
+    /// when it first created a tmpfs file: an exited process shows the root.
+    #[serde(skip)]
+    pub memcg: Option<(u8, String)>,
 }
 
 impl Proc {
@@ -54,6 +58,7 @@ impl Proc {
             cmdline: None,
             mnt_ns: 0,
             cgroup_id: 0,
+            memcg: None,
             root: false,
             first_seen_ns: ts,
             exit_ts_ns: None,
@@ -227,6 +232,17 @@ impl ProcessTree {
     }
 
     /// The pid as the process sees it was read: kept when it differs.
+    /// Records where `pid`'s memory is charged (once).
+    pub fn set_memcg(&mut self, pid: u32, memcg: Option<(u8, String)>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.memcg = memcg;
+        }
+    }
+
+    pub fn has_memcg(&self, pid: u32) -> bool {
+        self.get(pid).is_some_and(|p| p.memcg.is_some())
+    }
+
     pub fn set_ns_pid(&mut self, pid: u32, ns_pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid)
             && ns_pid != pid
