@@ -114,6 +114,22 @@ pub enum EventKind {
     /// A traced process received file descriptors (SCM_RIGHTS) with
     /// recvmsg: user space looks at its fds. `args[0]` = control bytes.
     RecvFds = 14,
+    /// A CUDA IPC call of a traced process returned an error (a uretprobe
+    /// on libcudart or libcuda). `ret` = the error code, `args[0]` = which
+    /// call ([`cuda`]).
+    CudaIpc = 15,
+}
+
+/// The CUDA IPC calls shmtrace watches (`args[0]` of [`EventKind::CudaIpc`]).
+pub mod cuda {
+    /// libcudart's cudaIpcGetMemHandle.
+    pub const GET_MEM_HANDLE: u64 = 1;
+    /// libcudart's cudaIpcOpenMemHandle.
+    pub const OPEN_MEM_HANDLE: u64 = 2;
+    /// libcuda's cuIpcGetMemHandle.
+    pub const DRIVER_GET_MEM_HANDLE: u64 = 3;
+    /// libcuda's cuIpcOpenMemHandle.
+    pub const DRIVER_OPEN_MEM_HANDLE: u64 = 4;
 }
 
 impl EventKind {
@@ -133,6 +149,7 @@ impl EventKind {
             12 => Self::Open,
             13 => Self::Close,
             14 => Self::RecvFds,
+            15 => Self::CudaIpc,
             _ => return None,
         })
     }

@@ -6,10 +6,12 @@
 //!
 //! One file per hook family: `sched` (fork, exec, exit), `signals` (SIGBUS
 //! generated and delivered), `syscalls` (syscalls:sys_exit_* of the calls
-//! that matter, one program per family), `oom` (mark_victim);
+//! that matter), `oom` (mark_victim), `cuda` (uretprobes on CUDA IPC calls);
 //! `emit` holds the maps and event headers, `kernel` the struct reads at
 //! offsets user space found in BTF, `extras` what only `doctor` loads.
 
+#[cfg(target_arch = "bpf")]
+mod cuda;
 #[cfg(target_arch = "bpf")]
 mod emit;
 #[cfg(target_arch = "bpf")]

@@ -333,6 +333,71 @@ pub enum Event {
         h: Header,
         control_bytes: u64,
     },
+    /// A CUDA IPC call returned an error.
+    CudaIpcFailed {
+        h: Header,
+        call: CudaCall,
+        code: i32,
+    },
+}
+
+/// The CUDA IPC calls shmtrace watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaCall {
+    GetMemHandle,
+    OpenMemHandle,
+    DriverGetMemHandle,
+    DriverOpenMemHandle,
+}
+
+impl CudaCall {
+    pub fn from_wire(v: u64) -> Option<Self> {
+        use shmtrace_common::cuda;
+        Some(match v {
+            cuda::GET_MEM_HANDLE => Self::GetMemHandle,
+            cuda::OPEN_MEM_HANDLE => Self::OpenMemHandle,
+            cuda::DRIVER_GET_MEM_HANDLE => Self::DriverGetMemHandle,
+            cuda::DRIVER_OPEN_MEM_HANDLE => Self::DriverOpenMemHandle,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GetMemHandle => "cudaIpcGetMemHandle",
+            Self::OpenMemHandle => "cudaIpcOpenMemHandle",
+            Self::DriverGetMemHandle => "cuIpcGetMemHandle",
+            Self::DriverOpenMemHandle => "cuIpcOpenMemHandle",
+        }
+    }
+
+    /// The error's name: cudaError_t for the runtime's calls, CUresult
+    /// for the driver's (the codes that matter here; others by number).
+    pub fn error_name(self, code: i32) -> String {
+        let runtime = matches!(self, Self::GetMemHandle | Self::OpenMemHandle);
+        let name = match (runtime, code) {
+            (true, 1) => "cudaErrorInvalidValue",
+            (true, 2) => "cudaErrorMemoryAllocation",
+            (true, 3) => "cudaErrorInitializationError",
+            (true, 35) => "cudaErrorInsufficientDriver",
+            (true, 100) => "cudaErrorNoDevice",
+            (true, 201) => "cudaErrorDeviceUninitialized",
+            (true, 400) => "cudaErrorInvalidResourceHandle",
+            (true, 401) => "cudaErrorIllegalState",
+            (true, 801) => "cudaErrorNotSupported",
+            (true, 999) => "cudaErrorUnknown",
+            (false, 1) => "CUDA_ERROR_INVALID_VALUE",
+            (false, 2) => "CUDA_ERROR_OUT_OF_MEMORY",
+            (false, 3) => "CUDA_ERROR_NOT_INITIALIZED",
+            (false, 100) => "CUDA_ERROR_NO_DEVICE",
+            (false, 201) => "CUDA_ERROR_INVALID_CONTEXT",
+            (false, 400) => "CUDA_ERROR_INVALID_HANDLE",
+            (false, 801) => "CUDA_ERROR_NOT_SUPPORTED",
+            (false, 999) => "CUDA_ERROR_UNKNOWN",
+            _ => return format!("error {code}"),
+        };
+        name.to_string()
+    }
 }
 
 impl Event {
@@ -351,7 +416,8 @@ impl Event {
             | Self::Truncated { h, .. }
             | Self::Opened { h, .. }
             | Self::Closed { h, .. }
-            | Self::FdsReceived { h, .. } => h,
+            | Self::FdsReceived { h, .. }
+            | Self::CudaIpcFailed { h, .. } => h,
         }
     }
 
@@ -372,6 +438,7 @@ impl Event {
             Self::Opened { .. } => "open",
             Self::Closed { .. } => "close",
             Self::FdsReceived { .. } => "recvmsg_fds",
+            Self::CudaIpcFailed { .. } => "cuda_ipc_error",
         }
     }
 

@@ -417,3 +417,45 @@ fn a_flood_of_self_sent_and_repeated_sigbus_cannot_hide_the_real_failure() {
     assert!(size < 1 << 20, "a report of {size} bytes");
     assert!(t.stderr().contains("held back"), "{}", t.stderr());
 }
+
+/// The real CUDA runtime from PyPI's PyTorch: on this machine (no GPU)
+/// cudaIpcGetMemHandle returns a real error code, which the uretprobe
+/// shmtrace attaches once the library is mapped must capture as is.
+#[test]
+fn a_failed_cuda_ipc_call_is_captured_with_its_error_code() {
+    let python = "/var/cache/shmtrace/torch-venv/bin/python";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "PyPI PyTorch venv missing: run scripts/setup.sh --test"
+    );
+    let script = root_dir().join("tests/python/cuda_ipc.py");
+    let t = run_traced(&[], &[python.into(), script.display().to_string()]);
+    let truth = truth(&t.stdout());
+    let code = truth["error"].as_i64().unwrap();
+    assert_ne!(code, 0, "cudaIpcGetMemHandle cannot succeed without a GPU");
+    let f = t.first();
+    assert_eq!(f["kind"], "cuda_ipc", "{}", t.stderr());
+    assert_eq!(f["pid"], truth["pid"]);
+    assert_eq!(f["syscall"], "cudaIpcGetMemHandle");
+    assert!(
+        f["cause"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("returned {code} (")),
+        "{f}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "cuda-ipc:cudaIpcGetMemHandle", "{d}");
+    assert!(
+        d["recommended_shm_bytes"].is_null(),
+        "never --shm-size: {d}"
+    );
+    assert!(d["docker"].is_null());
+    assert!(
+        d["fix"]
+            .as_str()
+            .unwrap()
+            .contains("a bigger /dev/shm does not help"),
+        "{d}"
+    );
+}

@@ -131,6 +131,8 @@ const OURS: &[&str] = &[
     "sched_process_ex",
     "signal_deliver",
     "oom_mark_victim",
+    "cuda_ipc_",
+    "cu_ipc_",
 ];
 
 fn ours(names: &[String]) -> Vec<String> {

@@ -86,6 +86,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     };
     let signature = match first.kind {
         "oom_kill" => format!("memcg:{what}"),
+        "cuda_ipc" => format!("cuda-ipc:{}", first.syscall.unwrap_or("call")),
         _ => format!("{}:{what}", user.id()),
     };
     let proc_of = |pid: u32| r.processes.iter().find(|p| p.pid == pid);

@@ -151,6 +151,12 @@ impl Decoder {
                 new_addr: Addr(ev.ret as u64),
                 new_len: a[2],
             },
+            EventKind::CudaIpc => Event::CudaIpcFailed {
+                h,
+                call: crate::event::CudaCall::from_wire(a[0])
+                    .ok_or(DecodeError::UnknownKind(ev.kind))?,
+                code: ev.ret as i32,
+            },
             EventKind::OomVictim => Event::OomVictim {
                 h,
                 victim: a[0] as u32,

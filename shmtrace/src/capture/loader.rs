@@ -5,7 +5,9 @@ use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{FEntry, KProbe, ProgramError, RawTracePoint, TracePoint},
+    programs::{
+        FEntry, KProbe, ProgramError, RawTracePoint, TracePoint, UProbe, uprobe::UProbeScope,
+    },
 };
 use shmtrace_common::{Budget, Config, lost};
 
@@ -179,6 +181,27 @@ pub struct Tracer {
     pub notes: Vec<String>,
     /// Each hook and whether the kernel took it (None) or why not.
     pub hooks: Vec<(String, Option<String>)>,
+    /// The CUDA IPC uretprobes loaded, and the library files (dev, inode)
+    /// they are attached to.
+    cuda_ready: bool,
+    cuda_attached: std::collections::HashSet<(u64, u64)>,
+}
+
+/// (program, symbol): the CUDA IPC calls, runtime (libcudart) and driver
+/// (libcuda).
+const CUDA_PROBES: [(&str, &str); 4] = [
+    ("cuda_ipc_get", "cudaIpcGetMemHandle"),
+    ("cuda_ipc_open", "cudaIpcOpenMemHandle"),
+    ("cu_ipc_get", "cuIpcGetMemHandle"),
+    ("cu_ipc_open", "cuIpcOpenMemHandle"),
+];
+
+fn load_uprobe(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
+    let p: &mut UProbe = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))?
+        .try_into()?;
+    p.load().map_err(explain)
 }
 
 impl Tracer {
@@ -285,6 +308,21 @@ impl Tracer {
             }
         }
 
+        // CUDA IPC uretprobes: verified now, attached to each CUDA library
+        // a traced process maps (`attach_cuda`).
+        let mut cuda_ready = false;
+        if want("cuda") {
+            match CUDA_PROBES
+                .iter()
+                .try_for_each(|(prog, _)| load_uprobe(&mut ebpf, prog))
+            {
+                Ok(()) => cuda_ready = true,
+                Err(e) => notes.push(format!(
+                    "the kernel refused the CUDA IPC uprobes ({e:#}); shmtrace goes on without CUDA IPC errors"
+                )),
+            }
+        }
+
         let traced = HashMap::try_from(ebpf.take_map("TRACED").context("map TRACED")?)?;
         let shm_mapped = HashMap::try_from(ebpf.take_map("SHM_MAPPED").context("map SHM_MAPPED")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("map LOST")?)?;
@@ -314,7 +352,43 @@ impl Tracer {
             undecodable: 0,
             notes,
             hooks,
+            cuda_ready,
+            cuda_attached: std::collections::HashSet::new(),
         })
+    }
+
+    /// Attaches the CUDA IPC uretprobes to the CUDA library mapped at
+    /// `path` (a /proc/PID/map_files link: the very file, whatever the
+    /// process's mount namespace; no path it controls is followed). `file`
+    /// is its (dev, inode): each library file once. Returns whether
+    /// anything was attached.
+    pub fn attach_cuda(
+        &mut self,
+        path: &std::path::Path,
+        name: &str,
+        file: (u64, u64),
+    ) -> Result<bool> {
+        if !self.cuda_ready || self.cuda_attached.contains(&file) || self.cuda_attached.len() >= 64
+        {
+            return Ok(false);
+        }
+        let driver = name.starts_with("libcuda.so");
+        let mut any = false;
+        for (prog, symbol) in CUDA_PROBES {
+            if symbol.starts_with("cuIpc") != driver {
+                continue;
+            }
+            let p: &mut UProbe = self
+                ._ebpf
+                .program_mut(prog)
+                .with_context(|| format!("program {prog}"))?
+                .try_into()?;
+            p.attach(symbol, path, UProbeScope::AllProcesses)
+                .with_context(|| format!("uretprobe {symbol} in {name}"))?;
+            any = true;
+        }
+        self.cuda_attached.insert(file);
+        Ok(any)
     }
 
     /// Whether this kernel lets kprobes and fentry programs in: shmtrace

@@ -52,6 +52,8 @@ pub struct Session {
     outputs: Outputs,
     start_ns: u64,
     last_tick: std::time::Instant,
+    /// Where the last CUDA library search stopped (pids in turn).
+    cuda_cursor: u32,
     live: Option<Live>,
     /// Node-wide (one diagnosis per incident) or one job.
     node: bool,
@@ -96,6 +98,7 @@ impl Session {
             outputs,
             start_ns,
             last_tick: std::time::Instant::now(),
+            cuda_cursor: 0,
             live,
             node: all_processes,
             incidents,
@@ -173,6 +176,7 @@ impl Session {
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
             self.state.tick(&mut self.host);
+            self.find_cuda();
             let quiet = self.outputs.incident_quiet.as_nanos() as u64;
             self.state
                 .incidents
@@ -189,6 +193,56 @@ impl Session {
             }
             if let Some(live) = &mut self.live {
                 live.show(&self.state, self.tracer.lost_total());
+            }
+        }
+    }
+
+    /// CUDA libraries mapped by traced processes get the CUDA IPC
+    /// uretprobes. Which processes are looked at, at most 32 a second in
+    /// turn: every traced one with `run` and `--pid`; node-wide, those that
+    /// use shared memory (a /proc/PID/maps read each, so not every process
+    /// of the node).
+    fn find_cuda(&mut self) {
+        let mut pids: Vec<u32> = if self.node {
+            self.state.shm_users()
+        } else {
+            self.state.live_pids()
+        };
+        pids.sort_unstable();
+        let start = pids.partition_point(|&p| p <= self.cuda_cursor);
+        let turn: Vec<u32> = pids[start..]
+            .iter()
+            .chain(&pids[..start])
+            .take(32)
+            .copied()
+            .collect();
+        self.cuda_cursor = turn.last().copied().unwrap_or(0);
+        for pid in turn {
+            for m in self.host.maps(pid) {
+                let Some(name) = m.name.as_deref() else {
+                    continue;
+                };
+                if !(name.starts_with("libcudart.so") || name.starts_with("libcuda.so")) {
+                    continue;
+                }
+                // The very file mapped, whatever the process's mount
+                // namespace: no path it controls is followed.
+                let link = std::path::PathBuf::from(format!(
+                    "/proc/{pid}/map_files/{:x}-{:x}",
+                    m.start.0, m.end.0
+                ));
+                match self
+                    .tracer
+                    .attach_cuda(&link, name, (m.dev.0 as u64, m.ino))
+                {
+                    Ok(true) => self.tracer.notes.push(format!(
+                        "CUDA IPC calls watched in {name} (mapped by pid {pid})"
+                    )),
+                    Ok(false) => {}
+                    Err(e) => self.tracer.notes.push(format!(
+                        "cannot watch CUDA IPC calls in {name} of pid {pid}: {e:#}"
+                    )),
+                }
             }
         }
     }

@@ -136,6 +136,11 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         }
         Event::Closed { fd, .. } => put("fd", json!(fd)),
         Event::FdsReceived { control_bytes, .. } => put("control_bytes", json!(control_bytes)),
+        Event::CudaIpcFailed { call, code, .. } => {
+            put("call", json!(call.name()));
+            put("code", json!(code));
+            put("error", json!(call.error_name(*code)));
+        }
         Event::Truncated { fd, length, .. } => {
             put("fd", json!(fd));
             put("length", json!(length));

@@ -324,6 +324,7 @@ fn what(f: &Failure) -> String {
             f.fault_addr.clone().unwrap_or_default()
         ),
         "oom_kill" => "killed by the OOM killer".into(),
+        "cuda_ipc" => format!("a CUDA IPC call failed: {}", f.cause),
         _ => {
             let sc = f.syscall.unwrap_or("?");
             let err = format!(

@@ -42,6 +42,8 @@ pub enum Reason {
     InvalidArgument,
     /// A hardware memory error (machine check) on the page.
     HardwareError,
+    /// A CUDA IPC call failed: GPU memory or IPC limits, not /dev/shm.
+    CudaIpc,
     Other,
 }
 
@@ -63,6 +65,7 @@ impl Reason {
             Self::OutOfMemory => "out_of_memory",
             Self::MemcgLimit => "memcg_limit",
             Self::OomKill => "oom_kill",
+            Self::CudaIpc => "cuda_ipc",
             Self::Noexec => "noexec",
             Self::Sealed => "sealed",
             Self::PermissionDenied => "permission_denied",

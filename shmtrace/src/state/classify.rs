@@ -357,6 +357,22 @@ impl State {
         self.record(host, f);
     }
 
+    /// A CUDA IPC call that failed: its error is about GPU memory or the
+    /// IPC itself (driver, device, container isolation), whatever the
+    /// framework's message says; /dev/shm has nothing to do with it.
+    pub(super) fn on_cuda_ipc(&mut self, ev: &Event, host: &mut dyn Host) {
+        let Event::CudaIpcFailed { h, call, code } = ev else {
+            return;
+        };
+        let mut f = self.base_failure("cuda_ipc", h, h.pid, h.tid);
+        let error = call.error_name(*code);
+        f.syscall = Some(call.name());
+        f.cause = format!("{}() returned {code} ({error})", call.name());
+        f.reason = Reason::CudaIpc;
+        f.fix = Some(cuda_fix(*call, &error));
+        self.record(host, f);
+    }
+
     /// `pid`'s memory cgroup as it stands now: where it was when it created
     /// a tmpfs file (it may have exited since), else where it is.
     fn memcg_now(&self, host: &mut dyn Host, pid: u32) -> Option<crate::host::memcg::Memcg> {
@@ -471,5 +487,27 @@ fn oom_words(m: &crate::host::memcg::Memcg, shmem_rss: u64) -> (String, String) 
             human_bytes(shmem),
             human_bytes(limit.saturating_sub(other))
         ),
+    )
+}
+
+/// What to do about a CUDA IPC error: never a bigger /dev/shm.
+fn cuda_fix(call: crate::event::CudaCall, error: &str) -> String {
+    let what = match error {
+        "cudaErrorMemoryAllocation" | "CUDA_ERROR_OUT_OF_MEMORY" => {
+            "the GPU is out of memory for the shared allocation: free GPU memory (smaller batches, torch.cuda.empty_cache() in the producer, fewer tensors kept alive on the GPU), or share CPU tensors instead"
+        }
+        "cudaErrorInsufficientDriver" | "cudaErrorNoDevice" | "CUDA_ERROR_NO_DEVICE" => {
+            "the process sees no usable GPU or driver (the container lacks the GPU, or the driver is older than the CUDA runtime): fix the GPU setup of the container"
+        }
+        "cudaErrorNotSupported" | "CUDA_ERROR_NOT_SUPPORTED" => {
+            "CUDA IPC is not supported here (some virtualized or MIG GPUs, WSL): share CPU tensors, or use torch.multiprocessing's file_system strategy on CPU"
+        }
+        _ => {
+            "a CUDA IPC error: check GPU memory, the driver, and that both processes see the same GPU (CUDA_VISIBLE_DEVICES, the same container)"
+        }
+    };
+    format!(
+        "{what}; {} is GPU-side: a bigger /dev/shm does not help",
+        call.name()
     )
 }

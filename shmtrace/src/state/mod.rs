@@ -127,6 +127,20 @@ impl State {
         self.procs.adopted(p);
     }
 
+    /// Live processes that hold or map a tmpfs file now.
+    pub fn shm_users(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .files
+            .files
+            .values()
+            .flat_map(|f| f.fd_holders.iter().chain(&f.map_holders).copied())
+            .filter(|&p| self.procs.get(p).is_some_and(|p| p.alive()))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     pub fn live_pids(&self) -> Vec<u32> {
         self.procs.alive().map(|p| p.pid).collect()
     }
@@ -259,6 +273,7 @@ impl State {
             Event::Sigbus { .. } => self.on_sigbus(ev, host),
             Event::SyscallFailed { .. } => self.on_syscall_failure(ev, host),
             Event::OomVictim { .. } => self.on_oom(ev, host),
+            Event::CudaIpcFailed { .. } => self.on_cuda_ipc(ev, host),
         }
     }
 
