@@ -330,3 +330,61 @@ fn a_size_beyond_the_memory_limit_is_flagged() {
         t.stderr()
     );
 }
+
+/// torch.multiprocessing without a DataLoader (tests/python/mp_keep.py):
+/// producers pass tensors through a Queue to a consumer that keeps them.
+/// Named as such, with PyTorch's message, the caveat that the consumer
+/// holds the bytes, and no DataLoader advice; with both PyTorch versions.
+fn multiprocessing_consumer_that_keeps(python: &str, what: &str) {
+    let script = root_dir().join("tests/python/mp_keep.py");
+    let t = run_traced(
+        &[],
+        &private_shm("size=64m", &format!("exec {python} {}", script.display())),
+    );
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    let producers: Vec<u64> = truth["producers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert!(
+        producers.contains(&f["pid"].as_u64().unwrap()),
+        "a producer fails first: {}",
+        t.stderr()
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(
+        d["signature"],
+        format!("pytorch-multiprocessing:{what}"),
+        "{d}"
+    );
+    assert_eq!(d["framework"], "PyTorch torch.multiprocessing");
+    assert!(d["dataloader"].is_null(), "no DataLoader advice: {d}");
+    assert!(
+        !d["basis"]
+            .as_str()
+            .unwrap()
+            .contains("DataLoader steady state"),
+        "{d}"
+    );
+    assert!(d["knobs"].as_str().unwrap().contains("clone()"), "{d}");
+    let consumer = truth["consumer"].as_u64().unwrap();
+    let caveat = d["caveat"].as_str().expect("the consumer holds the bytes");
+    assert!(caveat.contains(&format!("pid {consumer} ")), "{caveat}");
+    assert!(
+        caveat.contains("what a DataLoader with as many workers keeps"),
+        "{caveat}"
+    );
+}
+
+#[test]
+fn debian_torch_multiprocessing_consumer_that_keeps_tensors() {
+    multiprocessing_consumer_that_keeps("/usr/bin/python3", "sigbus");
+}
+
+#[test]
+fn pypi_torch_multiprocessing_consumer_that_keeps_tensors() {
+    multiprocessing_consumer_that_keeps(VENV, "enospc-fallocate");
+}

@@ -70,7 +70,7 @@ pub struct Diagnosis {
 
 pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     let first = r.first_failure?;
-    let user = User::recognize(r);
+    let user = pytorch_kind(r, User::recognize(r));
     let pytorch = user == User::PytorchDataLoader;
     let what = match (first.kind, first.syscall) {
         ("sigbus", _) => "sigbus".to_string(),
@@ -191,7 +191,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         ));
     }
     let memory_limit = memory_headroom(first, recommended);
-    let caveat = hoarder(r, user);
+    let caveat = hoarder(r, user, dataloader_in_flight(r));
     match (recommended, &caveat) {
         (Some(rec), None) => summary.push_str(&format!(
             " A /dev/shm of {} should be enough ({}).",
@@ -348,12 +348,47 @@ fn remove_command(mp: &str, left: &[&FileState]) -> String {
     )
 }
 
+/// What a DataLoader keeps in /dev/shm at most: (workers x prefetch_factor
+/// + 2) batches of the largest segment.
+fn dataloader_in_flight(r: &Scope) -> u64 {
+    (workers_allocating(r) * PREFETCH + 2) * largest_segment(r)
+}
+
+/// A PyTorch DataLoader or torch.multiprocessing? PyTorch 2.x names its
+/// DataLoader workers pt_data_worker, so segments made by processes of no
+/// such name with posix_fallocate (2.x's allocator) are not a DataLoader's;
+/// with either version, a consumer holding more than a DataLoader ever
+/// keeps in flight is not one either.
+fn pytorch_kind(r: &Scope, user: User) -> User {
+    if user != User::PytorchDataLoader {
+        return user;
+    }
+    if r.processes
+        .iter()
+        .any(|p| p.comm.starts_with("pt_data_worker"))
+    {
+        return user;
+    }
+    let Some(first) = r.first_failure else {
+        return user;
+    };
+    let in_flight = dataloader_in_flight(r);
+    let keeps = first
+        .holders
+        .iter()
+        .any(|h| h.pid != first.pid && in_flight > 0 && h.held_bytes > in_flight);
+    if keeps || first.syscall == Some("fallocate") {
+        User::PytorchMultiprocessing
+    } else {
+        user
+    }
+}
+
 /// A process that did not fail but held more than half of the mount's use
-/// at the first failure. In a PyTorch DataLoader the main process holding
-/// prefetched batches, and workers holding the batch they made, is the
-/// design, not a hoard: not flagged; nor are sibling workers of the other
-/// libraries that share segments between processes.
-fn hoarder(r: &Scope, user: User) -> Option<String> {
+/// at the first failure. A DataLoader's main process holding its prefetched
+/// batches (up to `in_flight`), and sibling workers of the libraries that
+/// share segments between processes, are the design, not a hoard.
+fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
     let h = first
@@ -364,13 +399,23 @@ fn hoarder(r: &Scope, user: User) -> Option<String> {
         .processes
         .iter()
         .any(|p| p.pid == h.pid && p.ppid == first.ppid);
-    let parent = h.pid == first.ppid && user == User::PytorchDataLoader;
+    let parent =
+        h.pid == first.ppid && user == User::PytorchDataLoader && h.held_bytes <= in_flight.max(1);
     if parent || (sibling && user.shares_between_siblings()) {
         return None;
     }
+    let beyond = match user {
+        User::PytorchDataLoader | User::PytorchMultiprocessing if in_flight > 0 => format!(
+            " ({:.1}x what a DataLoader with as many workers keeps in flight, {})",
+            h.held_bytes as f64 / in_flight as f64,
+            human_bytes(in_flight)
+        ),
+        _ => String::new(),
+    };
     Some(format!(
-        "pid {} ({}) held {} of the {} in use without failing itself: if it keeps every segment it \
-         receives, a bigger /dev/shm only postpones the failure (--verify tells)",
+        "pid {} ({}) held {} of the {} in use without failing itself{beyond}: if it keeps every \
+         segment it receives, a bigger /dev/shm only postpones the failure, and the job needs \
+         what it keeps by its end (--verify tells)",
         h.pid,
         h.comm,
         human_bytes(h.held_bytes),

@@ -10,6 +10,10 @@ pub enum User {
     /// `torch_*` segments (file_descriptor and file_system strategies),
     /// `pt_data_worker`/`pt_main_thread` threads.
     PytorchDataLoader,
+    /// `torch_*` segments without a DataLoader: torch.multiprocessing
+    /// Queues and share_memory_() (told apart in `diagnosis`, which knows
+    /// what a DataLoader keeps in flight).
+    PytorchMultiprocessing,
     /// Python's multiprocessing.shared_memory: `psm_*` (shm_open, sparse
     /// ftruncate, mmap: runs out at a page fault, as SIGBUS).
     PythonSharedMemory,
@@ -71,6 +75,7 @@ impl User {
     pub fn id(self) -> &'static str {
         match self {
             User::PytorchDataLoader => "pytorch-dataloader",
+            User::PytorchMultiprocessing => "pytorch-multiprocessing",
             User::PythonSharedMemory => "python-shared-memory",
             User::Nccl => "nccl",
             User::RayObjectStore => "ray-object-store",
@@ -82,6 +87,7 @@ impl User {
     pub fn name(self) -> Option<&'static str> {
         match self {
             User::PytorchDataLoader => Some("PyTorch DataLoader"),
+            User::PytorchMultiprocessing => Some("PyTorch torch.multiprocessing"),
             User::PythonSharedMemory => Some("Python multiprocessing.shared_memory"),
             User::Nccl => Some("NCCL"),
             User::RayObjectStore => Some("Ray object store (plasma)"),
@@ -100,6 +106,15 @@ impl User {
     /// PyTorch's is in `diagnosis`, which knows its workers.
     pub fn message(self, kind: &str, syscall: Option<&str>) -> Option<String> {
         let m = match (self, kind, syscall) {
+            (User::PytorchMultiprocessing, "enospc", _) => {
+                "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: No space \
+                 left on device (28), in the producer's Queue feeder thread: the tensor is dropped \
+                 and the consumer waits for it"
+            }
+            (User::PytorchMultiprocessing, "sigbus", _) => {
+                "the producer dies of SIGBUS ('Bus error') while moving a tensor into shared \
+                 memory (share_memory_() or Queue.put); the consumer waits for it or times out"
+            }
             (User::PythonSharedMemory, "sigbus", _) => {
                 "the process dies of SIGBUS: a shell prints 'Bus error (core dumped)', \
                  multiprocessing reports exitcode -7, a ProcessPoolExecutor raises \
@@ -157,6 +172,12 @@ impl User {
             User::PosixSemaphore => {
                 "a semaphore needs one page: /dev/shm was full of something else; see the \
                  holders"
+            }
+            User::PytorchMultiprocessing => {
+                "a consumer that keeps what it receives should keep private copies (t.clone()) \
+                 and drop the received tensors, whose /dev/shm segments are then freed; \
+                 set_sharing_strategy('file_system') passes named /dev/shm/torch_* files \
+                 instead of fds and leaves them behind when a process dies"
             }
             User::PytorchDataLoader | User::Unknown => return None,
         })
