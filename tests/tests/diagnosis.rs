@@ -288,6 +288,22 @@ fn leftover_files_of_exited_processes_are_subtracted_and_named() {
         "{}",
         t.stderr()
     );
+    // The report lists them per mount: name, bytes, creator. By the end the
+    // failing dd's file is one too (it exited without removing it).
+    let mount = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["dev"] == f["dev"])
+        .expect("the failing mount");
+    assert_eq!(mount["leftover_bytes"].as_u64(), Some(8 << 20), "{mount}");
+    let l = &mount["leftovers"][0];
+    assert_eq!(
+        (l["name"].as_str(), l["creator_comm"].as_str()),
+        (Some("left1"), Some("dd")),
+        "{l}"
+    );
+    assert_eq!(l["bytes"].as_u64(), Some(5 << 20));
 }
 
 /// /dev/shm pages count against the writer's memory cgroup: a size it

@@ -24,6 +24,28 @@ pub struct MountReport {
     #[serde(flatten)]
     pub stat: MountStat,
     pub at_first_failure: Option<MountAtFailure>,
+    /// Bytes of the files in `leftovers` (all of them, not only those listed).
+    pub leftover_bytes: u64,
+    /// Named files nobody holds whose creator has exited (a crashed job's
+    /// segments), largest first, at most [`MAX_LEFTOVERS`].
+    pub leftovers: Vec<Leftover>,
+}
+
+pub const MAX_LEFTOVERS: usize = 100;
+
+/// A file left behind on a tmpfs mount.
+#[derive(Serialize)]
+pub struct Leftover {
+    /// Its name (escaped).
+    pub name: Option<String>,
+    pub ino: u64,
+    pub bytes: u64,
+    pub creator_pid: u32,
+    pub creator_comm: String,
+    /// The creator's container (runtime name, else id), if any.
+    pub creator_container: Option<String>,
+    /// When the creator exited, in seconds since tracing began.
+    pub creator_exited_s: f64,
 }
 
 /// A container (or the host's cgroup) and the bytes its processes hold.
@@ -207,12 +229,44 @@ fn mounts(st: &State) -> Vec<MountReport> {
                     explained_share: None,
                 }
             });
+            let (leftover_bytes, leftovers) = leftovers_on(st, dev);
             MountReport {
                 stat,
                 at_first_failure: at,
+                leftover_bytes,
+                leftovers,
             }
         })
         .collect()
+}
+
+/// Named files on `dev` that nobody holds and whose creator has exited.
+fn leftovers_on(st: &State, dev: Dev) -> (u64, Vec<Leftover>) {
+    let mut v: Vec<Leftover> = st
+        .files
+        .files
+        .values()
+        .filter(|f| f.kdev == dev && !f.unlinked && f.allocated_bytes > 0)
+        .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
+        .filter_map(|f| {
+            let p = st.procs.get(f.creator?)?;
+            let exited = p.exit_ts_ns?;
+            let c = p.container.as_ref();
+            Some(Leftover {
+                name: f.name.clone(),
+                ino: f.ino,
+                bytes: f.allocated_bytes,
+                creator_pid: p.pid,
+                creator_comm: p.comm.clone(),
+                creator_container: c.and_then(|c| c.name.clone().or(c.container_id.clone())),
+                creator_exited_s: st.since_start(exited),
+            })
+        })
+        .collect();
+    v.sort_by_key(|l| std::cmp::Reverse(l.bytes));
+    let total = v.iter().map(|l| l.bytes).sum();
+    v.truncate(MAX_LEFTOVERS);
+    (total, v)
 }
 
 fn containers(st: &State) -> Vec<ContainerReport> {
