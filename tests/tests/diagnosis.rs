@@ -404,3 +404,48 @@ fn debian_torch_multiprocessing_consumer_that_keeps_tensors() {
 fn pypi_torch_multiprocessing_consumer_that_keeps_tensors() {
     multiprocessing_consumer_that_keeps(VENV, "enospc-fallocate");
 }
+
+/// Before any failure: a /dev/shm larger than what its writers' memory
+/// cgroup leaves for shared memory is flagged on the mount (it can never
+/// fill: the pod is OOM-killed first).
+#[test]
+fn a_mount_its_writers_memory_limit_cannot_fill_is_flagged_before_any_failure() {
+    let cg = format!(
+        "/sys/fs/cgroup/memory/shmtrace-test-ahead-{}",
+        std::process::id()
+    );
+    std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{cg}/memory.limit_in_bytes"), "24M").unwrap();
+    let t = run_traced(
+        &[],
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo $$ > {cg}/cgroup.procs && exec unshare -m --propagation private sh -c \
+                 'mount -t tmpfs -o size=64m tmpfs /dev/shm && \
+                 dd if=/dev/zero of=/dev/shm/x bs=1M count=8 2>/dev/null && sleep 2.5'"
+            ),
+        ],
+    );
+    let _ = std::fs::remove_dir(&cg);
+    assert!(t.first().is_null(), "no failure: {}", t.stderr());
+    let flagged: Vec<&Value> = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| !m["memory_headroom"].is_null())
+        .collect();
+    assert_eq!(flagged.len(), 1, "only the job's /dev/shm: {flagged:?}");
+    let m = flagged[0];
+    assert_eq!(m["mountpoint"], "/dev/shm");
+    assert_eq!(m["size_bytes"].as_u64(), Some(64 << 20));
+    let w = m["memory_headroom"].as_str().unwrap();
+    assert!(w.contains("allows 24.0 MiB"), "{w}");
+    assert!(w.contains("OOM killer strikes first"), "{w}");
+    assert!(
+        t.stderr().contains("warning        /dev/shm is 64.0 MiB"),
+        "{}",
+        t.stderr()
+    );
+}

@@ -227,6 +227,7 @@ fn mounts(st: &State) -> Vec<MountReport> {
                     peak_used_bytes: a.used_bytes.unwrap_or(0),
                     tracked_bytes: 0,
                     explained_share: None,
+                    memory_headroom: None,
                 }
             });
             let (leftover_bytes, leftovers) = leftovers_on(st, dev);

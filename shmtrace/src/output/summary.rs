@@ -256,6 +256,13 @@ pub fn render(r: &Report) -> String {
 }
 
 fn lost_line(s: &mut String, r: &Report) {
+    for m in r
+        .mounts
+        .iter()
+        .filter_map(|m| m.stat.memory_headroom.as_deref())
+    {
+        let _ = writeln!(s, "  warning        {m}");
+    }
     if r.lost_events > 0 {
         let _ = writeln!(
             s,

@@ -17,13 +17,13 @@ pub mod mounts;
 pub mod procs;
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
 use crate::{
     event::{Dev, Event, FileRef, Header},
-    host::Host,
+    host::{Host, memcg::Memcg},
     units::human_bytes,
 };
 
@@ -381,6 +381,59 @@ impl State {
         self.files.update_bytes();
     }
 
+    /// The tightest memory cgroup among the processes that allocated pages
+    /// of files on `dev`: (it, the room it leaves for shared memory).
+    fn memory_headroom(
+        &self,
+        host: &mut dyn Host,
+        dev: Dev,
+        reads: &mut BTreeMap<(u8, String), Option<Memcg>>,
+    ) -> Option<(Memcg, u64)> {
+        let mut writers: Vec<u32> = self
+            .files
+            .files
+            .values()
+            .filter(|f| f.kdev == dev && f.allocated_bytes > 0)
+            .flat_map(|f| {
+                f.allocated_by
+                    .iter()
+                    .filter(|(_, b)| **b > 0)
+                    .map(|(p, _)| *p)
+            })
+            .collect();
+        writers.sort_unstable();
+        writers.dedup();
+        let mut best: Option<(Memcg, u64)> = None;
+        for pid in writers {
+            // An exited writer's cgroup still counts while it exists (its
+            // pages stay charged there); a removed one reads as nothing.
+            let Some(at) = self.procs.get(pid).and_then(|p| p.memcg.clone()) else {
+                continue;
+            };
+            if !reads.contains_key(&at) {
+                if reads.len() >= 32 {
+                    continue;
+                }
+                let m = host.memcg_at(at.0, &at.1);
+                reads.insert(at.clone(), m);
+            }
+            let Some(m) = reads.get(&at).cloned().flatten() else {
+                continue;
+            };
+            let Some(limit) = m.limit_bytes else {
+                continue;
+            };
+            // What the cgroup leaves for shared memory: its limit less what
+            // its processes use besides it.
+            let room =
+                limit.saturating_sub(m.usage_bytes.saturating_sub(m.shmem_bytes.unwrap_or(0)));
+            if best.as_ref().is_none_or(|(_, r)| room < *r) {
+                best = Some((m, room));
+            }
+        }
+        best
+    }
+
     /// The once-a-second refresh: tracked files' allocation, fd rescans,
     /// mount use and peaks, per-process totals and containers.
     pub fn tick(&mut self, host: &mut dyn Host) {
@@ -411,6 +464,8 @@ impl State {
         }
         // Mounts of namespaces let go (node-wide) leave the metrics.
         self.mount_stats.retain(&devs);
+        // Memory cgroups read this tick, at most 32 (each a few small reads).
+        let mut memcg_reads: BTreeMap<(u8, String), Option<Memcg>> = BTreeMap::new();
         for dev in devs {
             let Some((ns, m)) = self.mounts.measure_at(dev).map(|(ns, m)| (ns, m.clone())) else {
                 continue;
@@ -423,8 +478,14 @@ impl State {
             self.mount_stats
                 .observe(&shown, host_mp, ns, usage, tracked);
             let view_ns = self.mounts.view_ns(dev, self_ns);
+            let headroom = self.memory_headroom(host, dev, &mut memcg_reads);
             if let Some(s) = self.mount_stats.by_dev.get_mut(&dev) {
                 s.view_ns = view_ns;
+                if let Some(size) = s.size_bytes {
+                    s.memory_headroom = headroom.and_then(|(m, room)| {
+                        (size > room).then(|| headroom_words(&s.mountpoint, size, &m, room))
+                    });
+                }
             }
         }
         self.name_containers(host);
@@ -450,3 +511,18 @@ impl State {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// A mount its writers' memory cgroup cannot fill, in words.
+fn headroom_words(mountpoint: &Option<String>, size: u64, m: &Memcg, room: u64) -> String {
+    format!(
+        "{} is {} but its writers' memory cgroup {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {} (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32; before that, sizeLimit alone)",
+        mountpoint.as_deref().unwrap_or("the mount"),
+        human_bytes(size),
+        m.path,
+        human_bytes(m.limit_bytes.unwrap_or(0)),
+        human_bytes(m.usage_bytes),
+        human_bytes(m.shmem_bytes.unwrap_or(0)),
+        human_bytes(room),
+        human_bytes(room)
+    )
+}

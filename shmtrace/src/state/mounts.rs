@@ -255,6 +255,11 @@ pub struct MountStat {
     pub tracked_bytes: u64,
     /// tracked_bytes / used_bytes: how much of the use is explained.
     pub explained_share: Option<f64>,
+    /// Set when the mount is larger than what a writer's memory cgroup
+    /// leaves for shared memory: it can never fill; the cgroup's OOM killer
+    /// strikes first (checked once a second, before any failure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_headroom: Option<String>,
 }
 
 /// Every tmpfs mount that holds tracked files or failures, or is some
@@ -292,6 +297,7 @@ impl MountStats {
             peak_used_bytes: 0,
             tracked_bytes: 0,
             explained_share: None,
+            memory_headroom: None,
         });
         s.tracked_bytes = tracked;
         s.mountpoint = Some(escape::str(&m.mountpoint));
