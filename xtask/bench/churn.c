@@ -9,11 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static long long now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
+#include "ref.h"
+
+#define now ref_now
 
 int main(int argc, char **argv) {
     long rate = argc > 1 ? atol(argv[1]) : 0;

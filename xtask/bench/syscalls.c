@@ -15,12 +15,6 @@
 
 #define CHUNKS 100
 
-static long long now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 200000;
     const char *path = argc > 2 ? argv[2] : "/var/tmp/shmtrace-bench-syscalls";
@@ -30,14 +24,14 @@ int main(int argc, char **argv) {
     char buf[16];
     long long total = 0, ref = 0;
     for (int c = 0; c < CHUNKS; c++) {
-        long long a = now();
+        long long a = ref_now();
         for (int i = 0; i < n / CHUNKS; i++) {
             int fd = open(path, O_RDONLY);
             if (fd < 0) { perror("open"); return 2; }
             if (read(fd, buf, sizeof buf) != 16) { perror("read"); return 2; }
             close(fd);
         }
-        total += now() - a;
+        total += ref_now() - a;
         ref += ref_ns(1000000);
     }
     printf("{\"ns\":%lld,\"ref_ns\":%lld,\"ops\":%d}\n", total, ref, n / CHUNKS * CHUNKS * 3);

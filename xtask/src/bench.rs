@@ -1,5 +1,7 @@
 //! `cargo xtask bench`: what shmtrace costs the work it watches, as ratios
 //! to the same work without it, from one run with interleaved repetitions.
+//! One file on purpose: one run, its conditions, workloads and extra
+//! measurements, read top to bottom like the table it prints.
 //!
 //! Conditions, rotated round by round so that drift spreads evenly:
 //! - base: nothing attached;

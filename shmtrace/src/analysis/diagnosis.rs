@@ -5,20 +5,19 @@
 use serde::Serialize;
 
 use super::{
+    leftovers::{describe_leftovers, leftovers, memory_headroom},
+    pytorch::{dataloader_fit, dataloader_in_flight, pytorch_kind, pytorch_messages},
     scope::Scope,
     users::User,
     words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
 };
-use crate::{
-    state::{files::FileState, procs::Proc},
-    units::human_bytes,
-};
+use crate::{state::procs::Proc, units::human_bytes};
 
 const MIB: u64 = 1 << 20;
 /// Sizes are rounded up to this, the way people write --shm-size.
 const ROUND: u64 = 64 * MIB;
 /// PyTorch's default DataLoader prefetch_factor.
-const PREFETCH: u64 = 2;
+pub(super) const PREFETCH: u64 = 2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Diagnosis {
@@ -227,163 +226,6 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     })
 }
 
-/// /dev/shm pages count against the writer's memory cgroup: a mount (or a
-/// recommended size) larger than what the cgroup leaves for shared memory
-/// cannot be filled; the cgroup's OOM killer strikes first.
-fn memory_headroom(
-    first: &crate::state::failures::Failure,
-    recommended: Option<u64>,
-) -> Option<String> {
-    if first.kind == "oom_kill" {
-        return None;
-    }
-    let m = first.memcg.as_ref()?;
-    let limit = m.limit_bytes?;
-    let room = limit.saturating_sub(m.usage_bytes.saturating_sub(m.shmem_bytes.unwrap_or(0)));
-    let size = first.mount.as_ref().and_then(|x| x.size_bytes).unwrap_or(0);
-    let want = recommended.unwrap_or(0).max(size);
-    (want > room).then(|| {
-        format!(
-            "the failing process's memory cgroup {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
-            m.path,
-            human_bytes(limit),
-            human_bytes(room),
-            human_bytes(want)
-        )
-    })
-}
-
-/// Named files on the first failure's mount that nobody holds and whose
-/// creator had exited before the failure, largest first.
-fn leftovers<'a>(r: &Scope<'a>) -> Vec<&'a FileState> {
-    let Some(first) = r.first_failure else {
-        return Vec::new();
-    };
-    let mut v: Vec<&FileState> = r
-        .files
-        .iter()
-        .copied()
-        .filter(|f| Some(f.kdev) == first.kdev && !f.unlinked && f.allocated_bytes > 0)
-        .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
-        .filter(|f| {
-            let creator = f
-                .creator
-                .and_then(|pid| r.processes.iter().find(|p| p.pid == pid));
-            creator
-                .and_then(|p| p.exit_ts_ns)
-                .is_some_and(|t| t < first.ts_ns)
-        })
-        .collect();
-    v.sort_by_key(|f| std::cmp::Reverse(f.allocated_bytes));
-    v
-}
-
-fn describe_leftovers(r: &Scope, left: &[&FileState], bytes: u64) -> Option<String> {
-    let first = r.first_failure?;
-    if left.is_empty() {
-        return None;
-    }
-    let mp = first
-        .mount
-        .as_ref()
-        .and_then(|m| m.mountpoint.clone())
-        .unwrap_or_else(|| "/dev/shm".into());
-    let whose = |f: &FileState| {
-        f.creator
-            .and_then(|pid| r.processes.iter().find(|p| p.pid == pid))
-            .map(|p| format!("pid {} ({})", p.pid, p.comm))
-            .unwrap_or_else(|| "an exited process".into())
-    };
-    let listed: Vec<String> = left
-        .iter()
-        .take(5)
-        .map(|f| {
-            format!(
-                "{mp}/{} ({}, made by {})",
-                f.name.as_deref().unwrap_or("?"),
-                human_bytes(f.allocated_bytes),
-                whose(f)
-            )
-        })
-        .collect();
-    let more = match left.len() {
-        n if n > 5 => format!(" and {} more", n - 5),
-        _ => String::new(),
-    };
-    Some(format!(
-        "{} file(s), {}, nobody held: {}{more}. Remove them: {}",
-        left.len(),
-        human_bytes(bytes),
-        listed.join(", "),
-        remove_command(&mp, left)
-    ))
-}
-
-/// `rm` of plain names; a name with anything a shell could misread (it is
-/// escaped in reports) is removed by inode instead.
-fn remove_command(mp: &str, left: &[&FileState]) -> String {
-    let plain = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-+@%=:,".contains(&b))
-    };
-    if plain(mp.trim_start_matches('/').replace('/', "").as_str())
-        && left.iter().all(|f| f.name.as_deref().is_some_and(plain))
-    {
-        let files: Vec<String> = left
-            .iter()
-            .map(|f| format!("{mp}/{}", f.name.as_deref().unwrap_or("")))
-            .collect();
-        return format!("rm -- {}", files.join(" "));
-    }
-    let inums: Vec<String> = left.iter().map(|f| format!("-inum {}", f.ino)).collect();
-    format!(
-        "find {} -xdev \\( {} \\) -delete",
-        if plain(mp.trim_start_matches('/').replace('/', "").as_str()) {
-            mp
-        } else {
-            "/dev/shm"
-        },
-        inums.join(" -o ")
-    )
-}
-
-/// What a DataLoader keeps in /dev/shm at most: (workers x prefetch_factor
-/// + 2) batches of the largest segment.
-fn dataloader_in_flight(r: &Scope) -> u64 {
-    (workers_allocating(r) * PREFETCH + 2) * largest_segment(r)
-}
-
-/// A PyTorch DataLoader or torch.multiprocessing? PyTorch 2.x names its
-/// DataLoader workers pt_data_worker, so segments made by processes of no
-/// such name with posix_fallocate (2.x's allocator) are not a DataLoader's;
-/// with either version, a consumer holding more than a DataLoader ever
-/// keeps in flight is not one either.
-fn pytorch_kind(r: &Scope, user: User) -> User {
-    if user != User::PytorchDataLoader {
-        return user;
-    }
-    if r.processes
-        .iter()
-        .any(|p| p.comm.starts_with("pt_data_worker"))
-    {
-        return user;
-    }
-    let Some(first) = r.first_failure else {
-        return user;
-    };
-    let in_flight = dataloader_in_flight(r);
-    let keeps = first
-        .holders
-        .iter()
-        .any(|h| h.pid != first.pid && in_flight > 0 && h.held_bytes > in_flight);
-    if keeps || first.syscall == Some("fallocate") {
-        User::PytorchMultiprocessing
-    } else {
-        user
-    }
-}
-
 /// A process that did not fail but held more than half of the mount's use
 /// at the first failure. A DataLoader's main process holding its prefetched
 /// batches (up to `in_flight`), and sibling workers of the libraries that
@@ -423,69 +265,8 @@ fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     ))
 }
 
-fn pytorch_messages(
-    r: &Scope,
-    first: u32,
-    kind: &str,
-    syscall: Option<&str>,
-    workers: &[&Proc],
-    first_index: Option<usize>,
-) -> (Option<String>, Option<String>) {
-    match (kind, syscall) {
-        ("sigbus", _) => {
-            let mut dead: Vec<u32> = r
-                .failures
-                .iter()
-                .filter(|f| f.kind == "sigbus")
-                .map(|f| f.pid)
-                .filter(|pid| r.processes.iter().any(|p| p.pid == *pid && p.exit_signal == Some(7)))
-                .collect();
-            dead.sort();
-            let named_host = dead.first().copied().unwrap_or(first);
-            // PyTorch prints pids as its container sees them.
-            let ns_of = |pid: u32| {
-                r.processes
-                    .iter()
-                    .find(|p| p.pid == pid)
-                    .and_then(|p| p.ns_pid)
-                    .or_else(|| r.failures.iter().find(|f| f.pid == pid).and_then(|f| f.ns_pid))
-            };
-            let named = ns_of(named_host).unwrap_or(named_host);
-            let first_shown = ns_of(first).unwrap_or(first);
-            let msg = format!(
-                "DataLoader worker (pid {named}) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
-            );
-            let wrong = (named_host != first).then(|| {
-                format!(
-                    "PyTorch names pid {named}: it checks its workers in pid order and reports the first dead one it finds. The first worker to fail was pid {first_shown}; pid {named} failed after it, as collateral."
-                )
-            });
-            (Some(msg), wrong)
-        }
-        ("enospc", Some("fallocate")) | ("enospc", Some("write")) | ("enospc", Some("pwrite64")) => {
-            let verb = if syscall == Some("fallocate") { "allocate shared memory(shm) for" } else { "write to" };
-            let msg = format!(
-                "RuntimeError: Caught RuntimeError in DataLoader worker process K. ... unable to {verb} file </torch_...>: No space left on device (28)"
-            );
-            let wrong = first_index.map(|i| {
-                format!(
-                    "PyTorch reports the worker whose batch it was waiting for (\"worker process K\"), not the first to fail: that was worker {i} (pid {first}) of {}.",
-                    workers.len()
-                )
-            });
-            (Some(msg), wrong)
-        }
-        ("mmap_error", _) => (
-            Some("RuntimeError: unable to mmap N bytes from file </torch_...>: Cannot allocate memory (12)".into()),
-            None,
-        ),
-        ("enospc", Some("openat")) => (Some("OSError: [Errno 28] No space left on device".into()), None),
-        _ => (None, None),
-    }
-}
-
 /// Processes that created segments (files of 1 MiB or more) or failed.
-fn workers_allocating(r: &Scope) -> u64 {
+pub(super) fn workers_allocating(r: &Scope) -> u64 {
     let mut creators = r.segments.creators.clone();
     creators.extend(
         r.failures
@@ -497,7 +278,7 @@ fn workers_allocating(r: &Scope) -> u64 {
 }
 
 /// The largest segment: files seen over the run, failing files, requests.
-fn largest_segment(r: &Scope) -> u64 {
+pub(super) fn largest_segment(r: &Scope) -> u64 {
     r.failures
         .iter()
         .filter_map(|f| f.file_size.map(|s| s.max(0) as u64))
@@ -612,43 +393,6 @@ fn recommend(r: &Scope, pytorch: bool, leftover: u64) -> (Option<u64>, Option<St
         human_mib(rounded)
     ));
     (Some(rounded), Some(basis))
-}
-
-/// Settings that fit the current size: in flight are
-/// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.
-fn dataloader_fit(r: &Scope, pytorch: bool, size: Option<u64>, workers: u64) -> Option<String> {
-    if !pytorch {
-        return None;
-    }
-    let size = size?;
-    let batch = Some(largest_segment(r)).filter(|b| *b > 0)?;
-    let budget = size * 4 / 5;
-    let workers = workers.max(1);
-    let max_batch = budget / (workers * PREFETCH + 2);
-    let mut ways = vec![format!(
-        "with num_workers={workers} and prefetch_factor={PREFETCH}, batches must be at most {} (now {}: scale batch_size by {:.2})",
-        human_bytes(max_batch),
-        human_bytes(batch),
-        max_batch as f64 / batch as f64
-    )];
-    let fit = budget / batch;
-    if fit >= 2 + PREFETCH {
-        ways.push(format!(
-            "num_workers <= {} with prefetch_factor={PREFETCH}",
-            (fit - 2) / PREFETCH
-        ));
-    }
-    if fit >= 3 {
-        ways.push(format!("num_workers <= {} with prefetch_factor=1", fit - 2));
-    }
-    if fit < 3 {
-        ways.push("num_workers=0 (batches made in the main process, no /dev/shm)".into());
-    }
-    Some(format!(
-        "to fit {}: {}",
-        human_mib(size),
-        ways.join("; or ")
-    ))
 }
 
 #[cfg(test)]

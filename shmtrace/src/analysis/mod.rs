@@ -5,6 +5,8 @@
 pub mod diagnosis;
 pub mod facts;
 pub mod incident;
+mod leftovers;
+mod pytorch;
 pub mod scope;
 pub mod users;
 pub mod words;

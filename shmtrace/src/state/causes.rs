@@ -272,6 +272,62 @@ pub fn explain(c: &Call) -> Explained {
     }
 }
 
+/// An OOM kill in words: (", in memory cgroup X: limit L, U in use, S of
+/// it shmem", the fix).
+pub(super) fn oom_words(m: &crate::host::memcg::Memcg, shmem_rss: u64) -> (String, String) {
+    let shmem = m.shmem_bytes.unwrap_or(shmem_rss);
+    let Some(limit) = m.limit_bytes else {
+        return (
+            format!(
+                "; its memory cgroup {} has no limit of its own ({} in use, {} of it shmem): a parent cgroup's or the node's memory ran out",
+                m.path,
+                human_bytes(m.usage_bytes),
+                human_bytes(shmem)
+            ),
+            "find the limit that ran out (the pod's, or the node's memory), and count /dev/shm against it".into(),
+        );
+    };
+    let other = m.usage_bytes.saturating_sub(shmem);
+    (
+        format!(
+            "; its memory cgroup {} allows {}, and had {} in use, {} of it shmem (/dev/shm, memfd)",
+            m.path,
+            human_bytes(limit),
+            human_bytes(m.usage_bytes),
+            human_bytes(shmem)
+        ),
+        format!(
+            "raise the memory limit above what the job keeps in shared memory plus its other {} (now {}; the {} of shmem at the kill was still growing), or cap /dev/shm below {} (the limit less the rest) so that it fills with a clear ENOSPC before the cgroup does; a Kubernetes Memory emptyDir counts against the pod's limit (since 1.32 it is sized min(sizeLimit, pod limit))",
+            human_bytes(other),
+            human_bytes(limit),
+            human_bytes(shmem),
+            human_bytes(limit.saturating_sub(other))
+        ),
+    )
+}
+
+/// What to do about a CUDA IPC error: never a bigger /dev/shm.
+pub(super) fn cuda_fix(call: crate::event::CudaCall, error: &str) -> String {
+    let what = match error {
+        "cudaErrorMemoryAllocation" | "CUDA_ERROR_OUT_OF_MEMORY" => {
+            "the GPU is out of memory for the shared allocation: free GPU memory (smaller batches, torch.cuda.empty_cache() in the producer, fewer tensors kept alive on the GPU), or share CPU tensors instead"
+        }
+        "cudaErrorInsufficientDriver" | "cudaErrorNoDevice" | "CUDA_ERROR_NO_DEVICE" => {
+            "the process sees no usable GPU or driver (the container lacks the GPU, or the driver is older than the CUDA runtime): fix the GPU setup of the container"
+        }
+        "cudaErrorNotSupported" | "CUDA_ERROR_NOT_SUPPORTED" => {
+            "CUDA IPC is not supported here (some virtualized or MIG GPUs, WSL): share CPU tensors, or use torch.multiprocessing's file_system strategy on CPU"
+        }
+        _ => {
+            "a CUDA IPC error: check GPU memory, the driver, and that both processes see the same GPU (CUDA_VISIBLE_DEVICES, the same container)"
+        }
+    };
+    format!(
+        "{what}; {} is GPU-side: a bigger /dev/shm does not help",
+        call.name()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,127 @@
+//! What stands in /dev/shm besides the job itself at a failure: files
+//! left behind by exited processes, and the memory cgroup that caps it.
+
+use crate::{
+    state::{failures::Failure, files::FileState},
+    units::human_bytes,
+};
+
+use super::scope::Scope;
+
+/// /dev/shm pages count against the writer's memory cgroup: a mount (or a
+/// recommended size) larger than what the cgroup leaves for shared memory
+/// cannot be filled; the cgroup's OOM killer strikes first.
+pub(super) fn memory_headroom(first: &Failure, recommended: Option<u64>) -> Option<String> {
+    if first.kind == "oom_kill" {
+        return None;
+    }
+    let m = first.memcg.as_ref()?;
+    let limit = m.limit_bytes?;
+    let room = limit.saturating_sub(m.usage_bytes.saturating_sub(m.shmem_bytes.unwrap_or(0)));
+    let size = first.mount.as_ref().and_then(|x| x.size_bytes).unwrap_or(0);
+    let want = recommended.unwrap_or(0).max(size);
+    (want > room).then(|| {
+        format!(
+            "the failing process's memory cgroup {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
+            m.path,
+            human_bytes(limit),
+            human_bytes(room),
+            human_bytes(want)
+        )
+    })
+}
+
+/// Named files on the first failure's mount that nobody holds and whose
+/// creator had exited before the failure, largest first.
+pub(super) fn leftovers<'a>(r: &Scope<'a>) -> Vec<&'a FileState> {
+    let Some(first) = r.first_failure else {
+        return Vec::new();
+    };
+    let mut v: Vec<&FileState> = r
+        .files
+        .iter()
+        .copied()
+        .filter(|f| Some(f.kdev) == first.kdev && !f.unlinked && f.allocated_bytes > 0)
+        .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
+        .filter(|f| {
+            let creator = f
+                .creator
+                .and_then(|pid| r.processes.iter().find(|p| p.pid == pid));
+            creator
+                .and_then(|p| p.exit_ts_ns)
+                .is_some_and(|t| t < first.ts_ns)
+        })
+        .collect();
+    v.sort_by_key(|f| std::cmp::Reverse(f.allocated_bytes));
+    v
+}
+
+pub(super) fn describe_leftovers(r: &Scope, left: &[&FileState], bytes: u64) -> Option<String> {
+    let first = r.first_failure?;
+    if left.is_empty() {
+        return None;
+    }
+    let mp = first
+        .mount
+        .as_ref()
+        .and_then(|m| m.mountpoint.clone())
+        .unwrap_or_else(|| "/dev/shm".into());
+    let whose = |f: &FileState| {
+        f.creator
+            .and_then(|pid| r.processes.iter().find(|p| p.pid == pid))
+            .map(|p| format!("pid {} ({})", p.pid, p.comm))
+            .unwrap_or_else(|| "an exited process".into())
+    };
+    let listed: Vec<String> = left
+        .iter()
+        .take(5)
+        .map(|f| {
+            format!(
+                "{mp}/{} ({}, made by {})",
+                f.name.as_deref().unwrap_or("?"),
+                human_bytes(f.allocated_bytes),
+                whose(f)
+            )
+        })
+        .collect();
+    let more = match left.len() {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{} file(s), {}, nobody held: {}{more}. Remove them: {}",
+        left.len(),
+        human_bytes(bytes),
+        listed.join(", "),
+        remove_command(&mp, left)
+    ))
+}
+
+/// `rm` of plain names; a name with anything a shell could misread (it is
+/// escaped in reports) is removed by inode instead.
+fn remove_command(mp: &str, left: &[&FileState]) -> String {
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-+@%=:,".contains(&b))
+    };
+    if plain(mp.trim_start_matches('/').replace('/', "").as_str())
+        && left.iter().all(|f| f.name.as_deref().is_some_and(plain))
+    {
+        let files: Vec<String> = left
+            .iter()
+            .map(|f| format!("{mp}/{}", f.name.as_deref().unwrap_or("")))
+            .collect();
+        return format!("rm -- {}", files.join(" "));
+    }
+    let inums: Vec<String> = left.iter().map(|f| format!("-inum {}", f.ino)).collect();
+    format!(
+        "find {} -xdev \\( {} \\) -delete",
+        if plain(mp.trim_start_matches('/').replace('/', "").as_str()) {
+            mp
+        } else {
+            "/dev/shm"
+        },
+        inums.join(" -o ")
+    )
+}

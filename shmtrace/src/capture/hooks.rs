@@ -1,0 +1,227 @@
+//! Which programs attach where, and loading and attaching them: the
+//! loader's table of hooks.
+
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Ebpf,
+    programs::{Program, ProgramError, RawTracePoint, TracePoint, UProbe},
+};
+
+/// One program and where it attaches.
+pub struct Hook {
+    pub prog: &'static str,
+    pub kind: Kind,
+    pub category: &'static str,
+    /// Every hook point the program attaches to. A syscall family's names
+    /// absent from tracefs (a syscall this architecture or kernel lacks)
+    /// are skipped.
+    pub names: &'static [&'static str],
+    pub required: bool,
+    /// What is lost without it.
+    pub loses: &'static str,
+}
+
+const fn tp(
+    prog: &'static str,
+    category: &'static str,
+    names: &'static [&'static str],
+    required: bool,
+    loses: &'static str,
+) -> Hook {
+    Hook {
+        prog,
+        kind: Kind::Tp,
+        category,
+        names,
+        required,
+        loses,
+    }
+}
+
+const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static str) -> Hook {
+    Hook {
+        prog,
+        kind: Kind::Raw,
+        category: "",
+        names: name,
+        required: true,
+        loses,
+    }
+}
+
+/// The hooks. Syscalls: classic per-syscall exit tracepoints of only the
+/// calls that matter, so that every other syscall (read, futex, epoll...)
+/// runs no program (see DESIGN.md, "Overhead").
+pub const HOOKS: &[Hook] = &[
+    tp(
+        "sys_exit_files",
+        "syscalls",
+        &[
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+            "sys_exit_fallocate",
+            "sys_exit_sendfile64",
+            "sys_exit_splice",
+            "sys_exit_copy_file_range",
+            "sys_exit_open",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+            "sys_exit_creat",
+            "sys_exit_mmap",
+            "sys_exit_munmap",
+            "sys_exit_mremap",
+            "sys_exit_ftruncate",
+        ],
+        true,
+        "ENOSPC/mmap failures of syscalls, tmpfs files created, mapped, unmapped and sized",
+    ),
+    tp(
+        "sys_exit_close",
+        "syscalls",
+        &["sys_exit_close"],
+        true,
+        "closes of tmpfs files",
+    ),
+    tp(
+        "sys_exit_recv",
+        "syscalls",
+        &["sys_exit_recvmsg"],
+        true,
+        "tmpfs fds passed over unix sockets",
+    ),
+    tp(
+        "sys_exit_dups",
+        "syscalls",
+        &[
+            "sys_exit_dup",
+            "sys_exit_dup2",
+            "sys_exit_dup3",
+            "sys_exit_fcntl",
+        ],
+        true,
+        "copies of tmpfs fds",
+    ),
+    raw(
+        "signal_generate",
+        &["signal_generate"],
+        "SIGBUS from page faults",
+    ),
+    raw(
+        "sched_process_fork",
+        &["sched_process_fork"],
+        "following new child processes",
+    ),
+    tp(
+        "sched_process_exit",
+        "sched",
+        &["sched_process_exit"],
+        true,
+        "process exits",
+    ),
+    tp(
+        "sched_process_exec",
+        "sched",
+        &["sched_process_exec"],
+        false,
+        "exec events (command lines)",
+    ),
+    tp(
+        "signal_deliver",
+        "signal",
+        &["signal_deliver"],
+        false,
+        "whether a SIGBUS handler ran",
+    ),
+    tp(
+        "oom_mark_victim",
+        "oom",
+        &["mark_victim"],
+        false,
+        "OOM kills of traced processes",
+    ),
+];
+
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Raw,
+    Tp,
+}
+
+/// (program, symbol): the CUDA IPC calls, runtime (libcudart) and driver
+/// (libcuda).
+pub const CUDA_PROBES: [(&str, &str); 4] = [
+    ("cuda_ipc_get", "cudaIpcGetMemHandle"),
+    ("cuda_ipc_open", "cudaIpcOpenMemHandle"),
+    ("cu_ipc_get", "cuIpcGetMemHandle"),
+    ("cu_ipc_open", "cuIpcOpenMemHandle"),
+];
+
+pub fn load_uprobe(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
+    let p: &mut UProbe = program(ebpf, prog)?.try_into()?;
+    p.load().map_err(explain)
+}
+
+/// Why a syscall family's hook was skipped.
+pub const ABSENT: &str = "no such syscall tracepoint on this kernel";
+
+pub fn hook_name(kind: Kind, category: &str, name: &str) -> String {
+    match kind {
+        Kind::Raw => format!("raw_tp/{name}"),
+        Kind::Tp => format!("tracepoint {category}:{name}"),
+    }
+}
+
+pub fn explain(e: ProgramError) -> anyhow::Error {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            anyhow!("{io_error}; verifier said:\n{}", tail.join("\n"))
+        }
+        e => anyhow!(e),
+    }
+}
+
+/// `prog` of the object, or why not.
+pub fn program<'a>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut Program> {
+    ebpf.program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))
+}
+
+/// Loads (verifies) one program, once, whatever number of hooks it has.
+pub fn load(ebpf: &mut Ebpf, prog: &str, kind: Kind) -> Result<()> {
+    let p = program(ebpf, prog)?;
+    match kind {
+        Kind::Raw => {
+            let p: &mut RawTracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+        }
+        Kind::Tp => {
+            let p: &mut TracePoint = p.try_into()?;
+            p.load().map_err(explain)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &str) -> Result<()> {
+    let p = program(ebpf, prog)?;
+    match kind {
+        Kind::Raw => {
+            let p: &mut RawTracePoint = p.try_into()?;
+            p.attach(name).map_err(explain)?;
+        }
+        Kind::Tp => {
+            let p: &mut TracePoint = p.try_into()?;
+            p.attach(category, name).map_err(explain)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! Beyond the DataLoader: torch.multiprocessing, NCCL, Python's
+//! shared_memory, leftover files, memory cgroups and CUDA IPC, each with
+//! the real library where it runs here.
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+const VENV: &str = "/var/cache/shmtrace/torch-venv/bin/python";
+
+/// `run_traced` of `script` in a private mount namespace, inside a fresh
+/// v1 memory cgroup limited to `limit` (removed afterwards).
+fn in_memory_cgroup(name: &str, limit: &str, script: &str) -> Traced {
+    let cg = format!(
+        "/sys/fs/cgroup/memory/shmtrace-test-{name}-{}",
+        std::process::id()
+    );
+    std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{cg}/memory.limit_in_bytes"), limit).unwrap();
+    let t = run_traced(
+        &[],
+        &[
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "echo $$ > {cg}/cgroup.procs && exec unshare -m --propagation private sh -c '{script}'"
+            ),
+        ],
+    );
+    let _ = std::fs::remove_dir(&cg);
+    t
+}
+
+/// NCCL's shared-memory transport (its calls and file names, without a
+/// GPU: tests/workloads/nccl_shm.c): named as NCCL, with what NCCL prints
+/// and its own settings beside the size.
+#[test]
+fn an_nccl_segment_that_does_not_fit_is_diagnosed_as_nccl() {
+    let exe = workload("nccl_shm");
+    let cmd = private_shm("size=8m", &format!("exec {} {}", exe.display(), 32 << 20));
+    let t = run_traced(&[], &cmd);
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    assert_eq!(f["pid"], truth["pid"], "{}", t.stderr());
+    assert_eq!(f["syscall"], "fallocate");
+    assert_eq!(f["path"], truth["path"]);
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "nccl:enospc-fallocate", "{d}");
+    assert_eq!(d["framework"], "NCCL");
+    assert!(
+        d["framework_message"]
+            .as_str()
+            .unwrap()
+            .contains("failed to extend /dev/shm/nccl-XXXXXX"),
+        "{d}"
+    );
+    assert!(
+        d["knobs"].as_str().unwrap().contains("NCCL_SHM_DISABLE=1"),
+        "{d}"
+    );
+    assert!(d["dataloader"].is_null(), "no DataLoader advice: {d}");
+    // 32 MiB asked on an 8 MiB /dev/shm: the size covers the request.
+    assert!(d["recommended_shm_bytes"].as_u64().unwrap() >= 32 << 20);
+    assert!(
+        t.stderr().contains("NCCL_SHM_DISABLE=1"),
+        "the summary shows the knob: {}",
+        t.stderr()
+    );
+}
+
+/// Files an earlier process left in /dev/shm and nobody holds are named,
+/// with whose they were and the command that removes them; what the job
+/// itself needed is computed without them (here it fits the size it has).
+#[test]
+fn leftover_files_of_exited_processes_are_subtracted_and_named() {
+    let cmd = private_shm(
+        "size=8m",
+        "dd if=/dev/zero of=/dev/shm/left1 bs=1M count=5 2>/dev/null; sleep 0.3; \
+         exec dd if=/dev/zero of=/dev/shm/job bs=1M count=6",
+    );
+    let t = run_traced(&[], &cmd);
+    let f = t.first();
+    assert_eq!(f["path"], "/dev/shm/job", "{}", t.stderr());
+    let d = &t.report["diagnosis"];
+    let left = d["leftovers"].as_str().expect("leftovers named");
+    assert!(
+        left.contains("/dev/shm/left1 (5.0 MiB, made by pid"),
+        "{left}"
+    );
+    assert!(left.contains("(dd)"), "{left}");
+    assert!(left.ends_with("rm -- /dev/shm/left1"), "{left}");
+    // 3 MiB of the job's own + 1 MiB asked fit 8 MiB without the 5 MiB left.
+    assert!(d["recommended_shm_bytes"].is_null(), "{d}");
+    assert!(
+        d["basis"]
+            .as_str()
+            .unwrap()
+            .contains("once the 5.0 MiB of leftover files are removed"),
+        "{d}"
+    );
+    assert!(
+        d["summary"]
+            .as_str()
+            .unwrap()
+            .contains("Removing them is enough"),
+        "{d}"
+    );
+    assert!(
+        t.stderr().contains("leftovers      1 file(s)"),
+        "{}",
+        t.stderr()
+    );
+    // The report lists them per mount: name, bytes, creator. By the end the
+    // failing dd's file is one too (it exited without removing it).
+    let mount = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["dev"] == f["dev"])
+        .expect("the failing mount");
+    assert_eq!(mount["leftover_bytes"].as_u64(), Some(8 << 20), "{mount}");
+    let l = &mount["leftovers"][0];
+    assert_eq!(
+        (l["name"].as_str(), l["creator_comm"].as_str()),
+        (Some("left1"), Some("dd")),
+        "{l}"
+    );
+    assert_eq!(l["bytes"].as_u64(), Some(5 << 20));
+}
+
+/// /dev/shm pages count against the writer's memory cgroup: a size it
+/// cannot hold is no fix, and the diagnosis says so ahead of the OOM kill.
+#[test]
+fn a_size_beyond_the_memory_limit_is_flagged() {
+    let t = in_memory_cgroup(
+        "headroom",
+        "48M",
+        "mount -t tmpfs -o size=32m tmpfs /dev/shm && \
+         exec dd if=/dev/zero of=/dev/shm/big bs=1M count=40",
+    );
+    let f = t.first();
+    assert_eq!(f["kind"], "enospc", "{}", t.stderr());
+    assert_eq!(f["memcg"]["limit_bytes"].as_u64(), Some(48 << 20), "{f}");
+    let d = &t.report["diagnosis"];
+    // 32 MiB + 1 MiB asked, +25%, rounded: 64 MiB, more than 48 MiB allows.
+    assert_eq!(d["recommended_shm_bytes"].as_u64(), Some(64 << 20), "{d}");
+    let m = d["memory_limit"]
+        .as_str()
+        .expect("the memory limit is flagged");
+    assert!(m.contains("allows 48.0 MiB"), "{m}");
+    assert!(m.contains("OOM killer strikes first"), "{m}");
+    assert!(
+        t.stderr().contains("memory limit   the failing process"),
+        "{}",
+        t.stderr()
+    );
+}
+
+/// torch.multiprocessing without a DataLoader (tests/python/mp_keep.py):
+/// producers pass tensors through a Queue to a consumer that keeps them.
+/// Named as such, with PyTorch's message, the caveat that the consumer
+/// holds the bytes, and no DataLoader advice; with both PyTorch versions.
+fn multiprocessing_consumer_that_keeps(python: &str, what: &str) {
+    let script = root_dir().join("tests/python/mp_keep.py");
+    let t = run_traced(
+        &[],
+        &private_shm("size=64m", &format!("exec {python} {}", script.display())),
+    );
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    let producers: Vec<u64> = truth["producers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert!(
+        producers.contains(&f["pid"].as_u64().unwrap()),
+        "a producer fails first: {}",
+        t.stderr()
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(
+        d["signature"],
+        format!("pytorch-multiprocessing:{what}"),
+        "{d}"
+    );
+    assert_eq!(d["framework"], "PyTorch torch.multiprocessing");
+    assert!(d["dataloader"].is_null(), "no DataLoader advice: {d}");
+    assert!(
+        !d["basis"]
+            .as_str()
+            .unwrap()
+            .contains("DataLoader steady state"),
+        "{d}"
+    );
+    assert!(d["knobs"].as_str().unwrap().contains("clone()"), "{d}");
+    let consumer = truth["consumer"].as_u64().unwrap();
+    let caveat = d["caveat"].as_str().expect("the consumer holds the bytes");
+    assert!(caveat.contains(&format!("pid {consumer} ")), "{caveat}");
+    assert!(
+        caveat.contains("what a DataLoader with as many workers keeps"),
+        "{caveat}"
+    );
+}
+
+#[test]
+fn debian_torch_multiprocessing_consumer_that_keeps_tensors() {
+    multiprocessing_consumer_that_keeps("/usr/bin/python3", "sigbus");
+}
+
+#[test]
+fn pypi_torch_multiprocessing_consumer_that_keeps_tensors() {
+    multiprocessing_consumer_that_keeps(VENV, "enospc-fallocate");
+}
+
+/// Before any failure: a /dev/shm larger than what its writers' memory
+/// cgroup leaves for shared memory is flagged on the mount (it can never
+/// fill: the pod is OOM-killed first).
+#[test]
+fn a_mount_its_writers_memory_limit_cannot_fill_is_flagged_before_any_failure() {
+    let t = in_memory_cgroup(
+        "ahead",
+        "24M",
+        "mount -t tmpfs -o size=64m tmpfs /dev/shm && \
+         dd if=/dev/zero of=/dev/shm/x bs=1M count=8 2>/dev/null && sleep 2.5",
+    );
+    assert!(t.first().is_null(), "no failure: {}", t.stderr());
+    let flagged: Vec<&Value> = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| !m["memory_headroom"].is_null())
+        .collect();
+    assert_eq!(flagged.len(), 1, "only the job's /dev/shm: {flagged:?}");
+    let m = flagged[0];
+    assert_eq!(m["mountpoint"], "/dev/shm");
+    assert_eq!(m["size_bytes"].as_u64(), Some(64 << 20));
+    let w = m["memory_headroom"].as_str().unwrap();
+    assert!(w.contains("allows 24.0 MiB"), "{w}");
+    assert!(w.contains("OOM killer strikes first"), "{w}");
+    assert!(
+        t.stderr().contains("warning        /dev/shm is 64.0 MiB"),
+        "{}",
+        t.stderr()
+    );
+}
+
+/// The real CUDA runtime from PyPI's PyTorch: on this machine (no GPU)
+/// cudaIpcGetMemHandle returns a real error code, which the uretprobe
+/// shmtrace attaches once the library is mapped must capture as is.
+#[test]
+fn a_failed_cuda_ipc_call_is_captured_with_its_error_code() {
+    let python = "/var/cache/shmtrace/torch-venv/bin/python";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "PyPI PyTorch venv missing: run scripts/setup.sh --test"
+    );
+    let script = root_dir().join("tests/python/cuda_ipc.py");
+    let t = run_traced(&[], &[python.into(), script.display().to_string()]);
+    let truth = truth(&t.stdout());
+    let code = truth["error"].as_i64().unwrap();
+    assert_ne!(code, 0, "cudaIpcGetMemHandle cannot succeed without a GPU");
+    let f = t.first();
+    assert_eq!(f["kind"], "cuda_ipc", "{}", t.stderr());
+    assert_eq!(f["pid"], truth["pid"]);
+    assert_eq!(f["syscall"], "cudaIpcGetMemHandle");
+    assert!(
+        f["cause"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("returned {code} (")),
+        "{f}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "cuda-ipc:cudaIpcGetMemHandle", "{d}");
+    assert!(
+        d["recommended_shm_bytes"].is_null(),
+        "never --shm-size: {d}"
+    );
+    assert!(d["docker"].is_null());
+    assert!(
+        d["fix"]
+            .as_str()
+            .unwrap()
+            .contains("a bigger /dev/shm does not help"),
+        "{d}"
+    );
+}
