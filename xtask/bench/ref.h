@@ -4,13 +4,13 @@
  * tracer changes its cost. */
 #include <time.h>
 
-static long long ref_now(void) {
+__attribute__((unused)) static long long ref_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static long long ref_ns(long iterations) {
+__attribute__((unused)) static long long ref_ns(long iterations) {
     volatile unsigned long long sink;
     unsigned long long x = 88172645463325252ULL;
     long long a = ref_now();
