@@ -379,6 +379,8 @@ fn on_mmap(regs: u64, addr: i64) {
         ev.args[i] = arg(regs, i);
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
+    // Where it is mounted, for a namespace gone before user space reads it.
+    kernel::fill_mountpoint(&mut ev.path, file);
     e.submit(0);
 }
 

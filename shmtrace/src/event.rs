@@ -290,6 +290,8 @@ pub enum Event {
         flags: u64,
         offset: u64,
         file: FileRef,
+        /// The file's mount point, read by the kernel at the mmap.
+        mountpoint: Option<String>,
     },
     Unmapped {
         h: Header,

@@ -57,6 +57,7 @@ fn dataloader(names: &str) -> Facts {
             flags: 1,
             offset: 0,
             file: f,
+            mountpoint: None,
         });
     }
     for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {

@@ -138,6 +138,7 @@ impl Decoder {
                 flags: a[3],
                 offset: a[5],
                 file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
+                mountpoint: mountpoint(&ev.path),
             },
             EventKind::Unmap => Event::Unmapped {
                 h,

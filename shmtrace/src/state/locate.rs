@@ -73,7 +73,12 @@ impl State {
             None => (ns, shown.clone()),
         };
         let mut out = MountAtFailure {
-            mountpoint: shown.as_deref().map(crate::escape::str),
+            // Else the kernel's reading (already escaped): the namespace
+            // may have gone before its table was read.
+            mountpoint: shown
+                .as_deref()
+                .map(crate::escape::str)
+                .or_else(|| self.mounts.kernel_mountpoint(dev).map(String::from)),
             host_mountpoint,
             dev: dev.to_string(),
             mount_ns: ns,

@@ -236,8 +236,12 @@ impl State {
                 len,
                 offset,
                 file,
+                mountpoint,
                 ..
             } => {
+                if let Some(mp) = mountpoint {
+                    self.mounts.learn_from_kernel(file.dev, mp);
+                }
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
                 self.maps.mapped(
                     h.pid,

@@ -95,7 +95,14 @@ pub struct MountTables {
     by_dev: HashMap<Dev, Mount>,
     /// shmem devices found in no mount table (memfd, SysV shm).
     unmounted: HashSet<Dev>,
+    /// Mount points the eBPF programs read off a file's mount (already
+    /// escaped): the answer when a namespace that lived milliseconds could
+    /// not be read. Bounded: devices past the cap keep `shmem:` names.
+    from_kernel: HashMap<Dev, String>,
 }
+
+/// Kernel-read mount points remembered at most.
+const MAX_FROM_KERNEL: usize = 4096;
 
 impl MountTables {
     /// Namespace `ns`'s mount table, as just read.
@@ -203,6 +210,18 @@ impl MountTables {
             .map(|m| escape::str(&m.mountpoint))
     }
 
+    /// `dev`'s mount point as a traced process saw it, read in the kernel.
+    pub fn learn_from_kernel(&mut self, dev: Dev, mountpoint: &str) {
+        if self.from_kernel.len() < MAX_FROM_KERNEL || self.from_kernel.contains_key(&dev) {
+            self.from_kernel.insert(dev, mountpoint.to_string());
+        }
+    }
+
+    /// The kernel-read mount point of `dev` (see [`Self::learn_from_kernel`]).
+    pub fn kernel_mountpoint(&self, dev: Dev) -> Option<&str> {
+        self.from_kernel.get(&dev).map(String::as_str)
+    }
+
     pub fn by_dev(&self, dev: Dev) -> Option<&Mount> {
         self.by_dev.get(&dev)
     }
@@ -223,7 +242,11 @@ impl MountTables {
         match self.view(dev, ns, self_ns) {
             Some(m) if m.mountpoint == "/" => format!("/{name}"),
             Some(m) => format!("{}/{name}", escape::str(&m.mountpoint)),
-            None => format!("shmem:{name}"),
+            None => match self.kernel_mountpoint(dev) {
+                Some("/") => format!("/{name}"),
+                Some(mp) => format!("{mp}/{name}"),
+                None => format!("shmem:{name}"),
+            },
         }
     }
 }
@@ -350,6 +373,9 @@ mod tests {
         assert_eq!(t.ns_of_dev(Dev::new(0, 29)), Some(1));
         assert_eq!(t.path_of(Dev::new(0, 29), "a b", None, 1), "/dev/shm/a b");
         assert_eq!(t.path_of(Dev::new(0, 99), "memfd", None, 1), "shmem:memfd");
+        // A namespace gone before it was read: the kernel's mount point.
+        t.learn_from_kernel(Dev::new(0, 98), "/dev/shm");
+        assert_eq!(t.path_of(Dev::new(0, 98), "x", Some(7), 1), "/dev/shm/x");
     }
 
     #[test]

@@ -194,6 +194,7 @@ fn memfd_devices_in_no_mount_table_are_remembered() {
                 flags: 1,
                 offset: 0,
                 file: memfd.clone(),
+                mountpoint: None,
             },
             &mut host,
         );

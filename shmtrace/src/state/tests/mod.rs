@@ -116,6 +116,7 @@ pub fn sigbus_stream(st: &mut State, host: &mut Fixture, s: &mut Stream) {
             flags: 1,
             offset: 0,
             file: file(100, "torch_12_1", 8 * MIB as i64, 0, 16000),
+            mountpoint: None,
         },
         Event::Sigbus {
             h: s.h(12, 10),
