@@ -15,6 +15,7 @@ pub const NAME_LEN: usize = 64;
 pub const PATH_LEN: usize = 128;
 
 pub const SIGBUS: u32 = 7;
+pub const ENOENT: i64 = 2;
 pub const ENOMEM: i64 = 12;
 pub const EFBIG: i64 = 27;
 pub const ENOSPC: i64 = 28;
@@ -118,6 +119,11 @@ pub enum EventKind {
     /// on libcudart or libcuda). `ret` = the error code, `args[0]` = which
     /// call ([`cuda`]).
     CudaIpc = 15,
+    /// A traced process removed a shared-memory file: unlink or unlinkat of
+    /// a `/dev/shm/` path, or of a name in a tmpfs directory fd. `path` =
+    /// the path as given, `args[0]` = the directory fd (unlinkat), `file`
+    /// = that directory's tmpfs device (`file.dev`, 0 for a path).
+    Unlink = 16,
 }
 
 /// The CUDA IPC calls shmtrace watches (`args[0]` of [`EventKind::CudaIpc`]).
@@ -150,6 +156,7 @@ impl EventKind {
             13 => Self::Close,
             14 => Self::RecvFds,
             15 => Self::CudaIpc,
+            16 => Self::Unlink,
             _ => return None,
         })
     }
@@ -271,7 +278,7 @@ const _: () = {
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 57 * 4);
-    assert!(size_of::<SyscallNrs>() == 23 * 4);
+    assert!(size_of::<SyscallNrs>() == 25 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
 };
@@ -393,6 +400,8 @@ pub struct SyscallNrs {
     pub sendfile: u32,
     pub splice: u32,
     pub copy_file_range: u32,
+    pub unlink: u32,
+    pub unlinkat: u32,
 }
 
 /// Run-time switches, passed in as a global.

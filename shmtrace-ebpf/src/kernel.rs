@@ -92,6 +92,8 @@ static NRS: SyscallNrs = SyscallNrs {
     sendfile: M,
     splice: M,
     copy_file_range: M,
+    unlink: M,
+    unlinkat: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.

@@ -13,7 +13,7 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOMEM, ENOSPC, EventKind};
+use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOENT, ENOMEM, ENOSPC, EventKind};
 
 use crate::{
     emit::{self, Ring, SHM_MAPPED, TMPFS_FDS},
@@ -22,6 +22,8 @@ use crate::{
 
 const MAP_ANONYMOUS: u64 = 0x20;
 const O_CREAT: u64 = 0o100;
+const AT_FDCWD: i64 = -100;
+const AT_REMOVEDIR: u64 = 0x200;
 
 // Classic per-syscall exit tracepoints, attached (by the loader) to the
 // syscalls that matter only: read, futex, epoll and the rest never run a
@@ -83,6 +85,67 @@ pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
         on_dup(user_regs(), nr, ret);
     }
     0
+}
+
+/// unlink, unlinkat: who removed a shared-memory file (the answer when
+/// another process then finds it gone: "No such file or directory").
+#[tracepoint]
+pub fn sys_exit_unlink(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if ret == 0 {
+        on_unlink(user_regs(), nr);
+    }
+    0
+}
+
+/// Only `/dev/shm/...` paths (what shm_unlink and sem_unlink pass) and
+/// names in a tmpfs directory fd (`find -delete`, systemd's RemoveIPC).
+/// From any process, traced or not: a cleanup job removing a traced job's
+/// segments is the case this is for; unlink is rare and the path test
+/// comes first.
+#[inline(always)]
+fn on_unlink(regs: u64, nr: u32) {
+    let (dirfd, path) = if nr == nr!(unlinkat) {
+        if arg(regs, 2) & AT_REMOVEDIR != 0 {
+            return;
+        }
+        (arg(regs, 0) as i32 as i64, arg(regs, 1))
+    } else {
+        (AT_FDCWD, arg(regs, 0))
+    };
+    let mut dev = 0;
+    if !is_shm_path(path) {
+        if dirfd == AT_FDCWD {
+            return;
+        }
+        let inode = kernel::tmpfs_inode(kernel::fd_file(dirfd as u64));
+        if inode == 0 {
+            return;
+        }
+        dev = kernel::sb_dev(kernel::read_ptr(inode, off!(inode_sb)));
+    }
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Unlink) else {
+        return;
+    };
+    let ev = emit::body(&mut e);
+    ev.syscall = nr;
+    ev.args[0] = dirfd as u64;
+    ev.file.dev = dev;
+    // SAFETY: a user pointer read with the checked helper, bounded by the
+    // destination's length.
+    let _ = unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut ev.path) };
+    e.submit(0);
+}
+
+/// Whether user string `p` starts with "/dev/shm/": one 9-byte read.
+#[inline(always)]
+fn is_shm_path(p: u64) -> bool {
+    // SAFETY: a user pointer read with the checked helper; a bad pointer
+    // (or a string shorter than 9 bytes at a page's end) is an error.
+    match unsafe { bpf_probe_read_user(p as *const [u8; 9]) } {
+        Ok(b) => &b == b"/dev/shm/",
+        Err(_) => false,
+    }
 }
 
 /// (syscall number, return value) from a syscalls:sys_exit_* record:
@@ -268,7 +331,9 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     let is_map = nr == nr!(mmap) || nr == nr!(mremap);
     // Errors that mean a limit was hit (space, quota, file size, memory,
     // fds); mmap and mremap report every error: their cause is the point.
+    // ENOENT: a segment gone before it was opened (tested on the path below).
     if !is_map
+        && errno != ENOENT
         && errno != ENOSPC
         && errno != EDQUOT
         && errno != EFBIG
@@ -292,6 +357,18 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     let by_path = nr == nr!(open) || nr == nr!(openat) || nr == nr!(openat2) || nr == nr!(creat);
     if !(by_fd || by_path || nr == nr!(mremap)) || !emit::is_traced(tgid()) {
         return;
+    }
+    // Opens that find no file are everyday (library and config searches):
+    // only those of /dev/shm/ names are reported.
+    if errno == ENOENT {
+        let p = if nr == nr!(open) || nr == nr!(creat) {
+            arg(regs, 0)
+        } else {
+            arg(regs, 1)
+        };
+        if !by_path || !is_shm_path(p) {
+            return;
+        }
     }
     // Only failures on tmpfs files are shm failures: test the fd's filesystem
     // here. Paths (open*) and mremap ranges are classified in user space.

@@ -338,6 +338,16 @@ pub enum Event {
         control_bytes: u64,
     },
     /// A CUDA IPC call returned an error.
+    /// A /dev/shm file removed (unlink, unlinkat).
+    Unlinked {
+        h: Header,
+        /// The path as the process passed it (raw, lossy UTF-8).
+        path: String,
+        /// unlinkat's directory fd, when not the working directory.
+        dirfd: Option<i32>,
+        /// That directory's tmpfs device (a name relative to it).
+        dir_dev: Option<Dev>,
+    },
     CudaIpcFailed {
         h: Header,
         call: CudaCall,
@@ -421,6 +431,7 @@ impl Event {
             | Self::Opened { h, .. }
             | Self::Closed { h, .. }
             | Self::FdsReceived { h, .. }
+            | Self::Unlinked { h, .. }
             | Self::CudaIpcFailed { h, .. } => h,
         }
     }
@@ -442,6 +453,7 @@ impl Event {
             Self::Opened { .. } => "open",
             Self::Closed { .. } => "close",
             Self::FdsReceived { .. } => "recvmsg_fds",
+            Self::Unlinked { .. } => "unlink",
             Self::CudaIpcFailed { .. } => "cuda_ipc_error",
         }
     }

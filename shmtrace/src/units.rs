@@ -1,4 +1,4 @@
-//! Byte counts for humans.
+//! Byte counts and durations for humans.
 
 pub fn human_bytes(b: u64) -> String {
     const K: f64 = 1024.0;
@@ -14,8 +14,30 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// "850 µs", "12.3 ms", "4.2 s", "3.0 min".
+pub fn human_duration_ns(ns: u64) -> String {
+    let f = ns as f64;
+    if ns < 1_000_000 {
+        format!("{:.0} µs", f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.1} ms", f / 1e6)
+    } else if ns < 120_000_000_000 {
+        format!("{:.1} s", f / 1e9)
+    } else {
+        format!("{:.1} min", f / 60e9)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations() {
+        assert_eq!(super::human_duration_ns(850_000), "850 µs");
+        assert_eq!(super::human_duration_ns(12_300_000), "12.3 ms");
+        assert_eq!(super::human_duration_ns(4_200_000_000), "4.2 s");
+        assert_eq!(super::human_duration_ns(180_000_000_000), "3.0 min");
+    }
+
     #[test]
     fn units() {
         assert_eq!(super::human_bytes(1023), "1023 B");

@@ -133,7 +133,8 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         .map(|p| p.comm.as_str())
         .unwrap_or(first.comm.as_str());
     let role = match index_of(first.pid) {
-        Some(i) if pytorch => format!(
+        // Consumers open segments; workers make them.
+        Some(i) if pytorch && first.kind != "enoent" => format!(
             "DataLoader worker {i} ({})",
             shown_pid(first.pid, first.ns_pid, who)
         ),

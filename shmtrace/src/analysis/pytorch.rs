@@ -33,6 +33,11 @@ pub(super) fn pytorch_kind(r: &Scope, user: User) -> User {
     let Some(first) = r.first_failure else {
         return user;
     };
+    // A segment found gone fails in its consumer, never in a worker: with
+    // no worker by name, nothing says DataLoader.
+    if first.kind == "enoent" {
+        return User::PytorchMultiprocessing;
+    }
     let in_flight = dataloader_in_flight(r);
     let keeps = first
         .holders
@@ -102,9 +107,14 @@ pub(super) fn pytorch_messages(
             None,
         ),
         ("enospc", Some("openat")) => (Some("OSError: [Errno 28] No space left on device".into()), None),
+        ("enoent", _) => (Some(TORCH_GONE.into()), None),
         _ => (None, None),
     }
 }
+
+/// PyTorch's words when a consumer finds a segment gone.
+pub(super) const TORCH_GONE: &str = "RuntimeError: unable to open shared memory object \
+    </torch_...> in read-write mode: No such file or directory (2)";
 
 /// Settings that fit the current size: in flight are
 /// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.

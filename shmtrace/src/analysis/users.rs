@@ -141,6 +141,15 @@ impl User {
                 "the object store cannot create its backing file: Ray warns that /dev/shm is \
                  too small and the raylet fails to start"
             }
+            (User::PytorchMultiprocessing, "enoent", _) => super::pytorch::TORCH_GONE,
+            (User::PythonSharedMemory, "enoent", _) => {
+                "FileNotFoundError: [Errno 2] No such file or directory: '/psm_...' (from \
+                 SharedMemory(name=...))"
+            }
+            (User::RayObjectStore, "enoent", _) => {
+                "the plasma store's backing file is gone: workers fail to map objects \
+                 (ObjectLostError)"
+            }
             (User::PosixSemaphore, "enospc", _) => {
                 "sem_open: No space left on device (Python: OSError: [Errno 28] from \
                  multiprocessing.Lock/Queue/SemLock)"

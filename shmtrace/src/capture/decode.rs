@@ -152,6 +152,12 @@ impl Decoder {
                 new_addr: Addr(ev.ret as u64),
                 new_len: a[2],
             },
+            EventKind::Unlink => Event::Unlinked {
+                h,
+                path: lossy(&ev.path),
+                dirfd: (a[0] as i32 != libc::AT_FDCWD).then_some(a[0] as i32),
+                dir_dev: (ev.file.dev != 0).then_some(Dev(ev.file.dev)),
+            },
             EventKind::CudaIpc => Event::CudaIpcFailed {
                 h,
                 call: crate::event::CudaCall::from_wire(a[0])

@@ -104,6 +104,13 @@ pub const HOOKS: &[Hook] = &[
         true,
         "copies of tmpfs fds",
     ),
+    tp(
+        "sys_exit_unlink",
+        "syscalls",
+        &["sys_exit_unlink", "sys_exit_unlinkat"],
+        false,
+        "who removed a /dev/shm file (for opens that find it gone)",
+    ),
     raw(
         "signal_generate",
         &["signal_generate"],

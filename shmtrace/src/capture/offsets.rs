@@ -199,6 +199,8 @@ pub fn syscall_nrs() -> SyscallNrs {
         sendfile: n(libc::SYS_sendfile),
         splice: n(libc::SYS_splice),
         copy_file_range: n(libc::SYS_copy_file_range),
+        unlink: n(libc::SYS_unlink),
+        unlinkat: n(libc::SYS_unlinkat),
     }
 }
 

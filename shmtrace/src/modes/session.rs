@@ -170,6 +170,7 @@ impl Session {
         tokio::task::yield_now().await;
         self.tracer.wait(tick).await;
         self.pump(false);
+        self.state.settle(&mut self.host, capture::monotonic_ns());
         if let Some(live) = &mut self.live {
             live.failures_applied(&self.state);
         }
@@ -282,6 +283,7 @@ impl Session {
         // Events of the last moments may still be in the rings.
         tokio::time::sleep(Duration::from_millis(30)).await;
         self.pump(true);
+        self.state.settle(&mut self.host, u64::MAX);
         if let Some(out) = &mut self.events_out
             && let Err(e) = out.flush()
         {

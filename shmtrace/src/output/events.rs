@@ -136,6 +136,16 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         }
         Event::Closed { fd, .. } => put("fd", json!(fd)),
         Event::FdsReceived { control_bytes, .. } => put("control_bytes", json!(control_bytes)),
+        Event::Unlinked {
+            path,
+            dirfd,
+            dir_dev,
+            ..
+        } => {
+            put("path", json!(crate::escape::str(path)));
+            put("dirfd", json!(dirfd));
+            put("dir_dev", json!(dir_dev.map(|d| d.to_string())));
+        }
         Event::CudaIpcFailed { call, code, .. } => {
             put("call", json!(call.name()));
             put("code", json!(code));

@@ -44,6 +44,8 @@ pub enum Reason {
     HardwareError,
     /// A CUDA IPC call failed: GPU memory or IPC limits, not /dev/shm.
     CudaIpc,
+    /// An open found a shared-memory segment gone (removed before it).
+    SegmentGone,
     Other,
 }
 
@@ -66,6 +68,7 @@ impl Reason {
             Self::MemcgLimit => "memcg_limit",
             Self::OomKill => "oom_kill",
             Self::CudaIpc => "cuda_ipc",
+            Self::SegmentGone => "segment_gone",
             Self::Noexec => "noexec",
             Self::Sealed => "sealed",
             Self::PermissionDenied => "permission_denied",

@@ -153,6 +153,7 @@ impl State {
             ENOMEM => "enomem",
             libc::EMFILE => "emfile",
             libc::ENFILE => "enfile",
+            libc::ENOENT => "enoent",
             _ => "error",
         };
         // Limits are read only for the errnos whose cause they tell.
@@ -193,9 +194,17 @@ impl State {
         f.errno_name = Some(signals::errno_name(errno));
         match call {
             FailedCall::Open { dirfd, path, .. } => {
+                let raw = path;
                 let Some((path, mount)) = self.resolve_open_path(host, h, *dirfd, path) else {
                     return; // not under a tmpfs mount: not a shm failure
                 };
+                if errno == libc::ENOENT {
+                    f.path = Some(path);
+                    f.kdev = Some(mount);
+                    f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
+                    self.on_missing(host, f, raw);
+                    return;
+                }
                 f.path = Some(path);
                 f.kdev = Some(mount);
                 f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
@@ -390,7 +399,7 @@ impl State {
         f
     }
 
-    fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
+    pub(super) fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
         f.dev = f.kdev.map(|d| d.to_string());
         let place = match f.kdev {
             Some(dev) => Place::Mount(dev),

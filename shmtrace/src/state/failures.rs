@@ -56,7 +56,8 @@ pub struct Failure {
     pub tid: u32,
     pub ppid: u32,
     pub comm: String,
-    /// sigbus, enospc, edquot, efbig, enomem, mmap_error, mremap_error, oom_kill
+    /// sigbus, enospc, edquot, efbig, enomem, enoent, mmap_error, mremap_error,
+    /// oom_kill, cuda_ipc
     pub kind: &'static str,
     pub syscall: Option<&'static str>,
     pub errno: Option<i32>,
@@ -87,6 +88,9 @@ pub struct Failure {
     pub limit: Option<Limit>,
     /// What to change, for causes a bigger /dev/shm does not fix.
     pub fix: Option<String>,
+    /// For an open that found its segment gone: who removed it, and when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removed_by: Option<super::removals::Removal>,
     /// The failing process's memory cgroup at the failure: /dev/shm pages
     /// count against its limit.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,6 +147,7 @@ impl Failure {
             reason: Reason::Other,
             limit: None,
             fix: None,
+            removed_by: None,
             memcg: None,
             mount: None,
             ancestry: Vec::new(),

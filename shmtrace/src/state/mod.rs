@@ -16,8 +16,10 @@ mod identity;
 pub mod incidents;
 pub mod locate;
 pub mod mappings;
+pub(crate) mod missing;
 pub mod mounts;
 pub mod procs;
+pub mod removals;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -64,6 +66,11 @@ pub struct State {
     pub release_idle_namespaces: Option<Duration>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, Instant>,
+    /// Who removed which /dev/shm file.
+    pub removals: removals::Removals,
+    /// Opens that found a /dev/shm name gone, held back a moment: a process
+    /// that goes on to create the name was only looking (attach or create).
+    missing: Vec<(failures::Failure, removals::Where)>,
 }
 
 impl State {
@@ -82,6 +89,8 @@ impl State {
             sizes: HashMap::new(),
             release_idle_namespaces: None,
             ns_last_alive: HashMap::new(),
+            removals: removals::Removals::default(),
+            missing: Vec::new(),
         };
         let (ns, me) = (host.self_ns(), host.self_pid());
         s.refresh_mounts(host, ns, me);
@@ -219,6 +228,9 @@ impl State {
                     self.procs.set_memcg(h.pid, host.memcg_of(h.pid));
                 }
                 self.files.opened(h.pid, *fd, file.key(), created);
+                if created && let Some(name) = &file.name {
+                    self.created_after_missing(h.pid, file.dev, name);
+                }
                 let what = if *syscall == crate::event::Syscall::Dup {
                     "dup"
                 } else {
@@ -228,6 +240,9 @@ impl State {
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
             }
             Event::Closed { h, fd } => self.files.closed(h.pid, *fd),
+            Event::Unlinked {
+                h, path, dir_dev, ..
+            } => self.on_unlink(host, h, path, *dir_dev),
             // It may hold new tmpfs fds now: look at its fds on the next tick.
             Event::FdsReceived { h, .. } => self.files.want_rescan(h.pid),
             Event::Mapped {

@@ -3,6 +3,7 @@
 //! failure classification; `attribution.rs`: bytes, mounts, containers.
 
 mod attribution;
+mod missing;
 
 use super::*;
 use crate::{

@@ -1,0 +1,198 @@
+//! Segments found gone: who removed a /dev/shm file, and an open that then
+//! found no file by that name (PyTorch's "unable to open shared memory
+//! object </torch_...>: No such file or directory", Python's
+//! FileNotFoundError on SharedMemory(name)).
+
+use super::{
+    State,
+    causes::Reason,
+    failures::Failure,
+    removals::{Removal, Where},
+};
+use crate::{
+    event::{Dev, Header},
+    host::Host,
+    units::human_duration_ns,
+};
+
+/// How long an open that found a name gone waits before it counts: a
+/// process that creates the name meanwhile was only looking for it.
+pub const MISSING_GRACE_NS: u64 = 200_000_000;
+/// Opens held back at most; past that they count at once.
+const MAX_HELD: usize = 64;
+
+impl State {
+    /// An unlink of a /dev/shm file (any process's: a cleanup job that
+    /// removes a running job's segments is what this is for).
+    pub(super) fn on_unlink(
+        &mut self,
+        host: &mut dyn Host,
+        h: &Header,
+        path: &str,
+        dir_dev: Option<Dev>,
+    ) {
+        let at = match dir_dev {
+            Some(dev) if !path.starts_with('/') => {
+                Where::Mount(dev, path.trim_start_matches("./").to_string())
+            }
+            _ => self.where_is(host, h.mnt_ns, h.pid, path),
+        };
+        if let Where::Mount(dev, name) = &at {
+            let line = format!(
+                "+{:.6}s pid {} ({}) unlink {}",
+                self.since_start(h.ts_ns),
+                h.pid,
+                h.comm,
+                crate::escape::str(name)
+            );
+            self.evidence.noted(*dev, line);
+        }
+        let container = self
+            .container_of_id(host, h.cgroup_id)
+            .filter(|c| c.runtime.is_some())
+            .map(|c| c.label());
+        self.removals.removed(
+            at,
+            Removal {
+                pid: h.pid,
+                ppid: h.ppid,
+                comm: h.comm.clone(),
+                ts_ns: h.ts_ns,
+                path: crate::escape::str(path),
+                container,
+            },
+        );
+    }
+
+    /// Where absolute `path` of namespace `ns` lives: a tmpfs mount's
+    /// device and the name under it (the same key for the remover and the
+    /// opener, whatever their views), else the path itself.
+    pub(super) fn where_is(&mut self, host: &mut dyn Host, ns: u32, pid: u32, path: &str) -> Where {
+        let tmpfs = |s: &Self| {
+            s.mounts
+                .for_path(ns, path)
+                .filter(|m| m.is_tmpfs())
+                .map(|m| (m.dev, m.mountpoint.clone()))
+        };
+        // Only /dev/shm paths come here: a table without a tmpfs for it is
+        // older than the mount (unshare + mount): read it again.
+        let found = tmpfs(self).or_else(|| {
+            self.refresh_mounts(host, ns, pid);
+            tmpfs(self)
+        });
+        match found {
+            Some((dev, mp)) => {
+                let rel = path
+                    .strip_prefix(mp.as_str())
+                    .unwrap_or(path)
+                    .trim_start_matches('/');
+                Where::Mount(dev, rel.to_string())
+            }
+            None => Where::Path(ns, path.to_string()),
+        }
+    }
+
+    /// An open of absolute `raw_path` found no file: explained by the last
+    /// removal of that name, then held back for [`MISSING_GRACE_NS`].
+    pub(super) fn on_missing(&mut self, host: &mut dyn Host, mut f: Failure, raw_path: &str) {
+        let name = raw_path.rsplit('/').next().unwrap_or_default();
+        // Lookups that are no failure: glibc's sem_open tries the name
+        // before it creates it, and PyTorch's torch_shm_manager opens
+        // segments its clients may already have freed.
+        if name.starts_with("sem.") || f.comm == "torch_shm_manag" {
+            return;
+        }
+        let at = self.where_is(host, f.mnt_ns, f.pid, raw_path);
+        f.reason = Reason::SegmentGone;
+        match self.removals.removal_of(&at, f.ts_ns).cloned() {
+            Some(r) => {
+                let ago = human_duration_ns(f.ts_ns.saturating_sub(r.ts_ns));
+                let whose = if r.pid == f.pid {
+                    "by this same process".to_string()
+                } else {
+                    format!(
+                        "by pid {} ({}){}",
+                        r.pid,
+                        r.comm,
+                        r.container
+                            .as_deref()
+                            .map(|c| format!(" in container {c}"))
+                            .unwrap_or_default()
+                    )
+                };
+                f.cause = format!(
+                    "the segment was gone: {} was removed {ago} before, {whose}",
+                    r.path
+                );
+                f.fix = Some(fix_for(&r));
+                f.removed_by = Some(r);
+            }
+            None => {
+                f.cause = "no file by that name: shmtrace saw no process remove it (it was \
+                           never created under this name, or removed before tracing began)"
+                    .to_string();
+                f.fix = Some(
+                    "check the name the consumer opens against the one the producer created, \
+                     and that the producer had created it before the consumer looked"
+                        .to_string(),
+                );
+            }
+        }
+        if self.missing.len() >= MAX_HELD {
+            self.record(host, f);
+        } else {
+            self.missing.push((f, at));
+        }
+    }
+
+    /// `pid` created `name` on `dev`: an open of that name it made just
+    /// before was a lookup (attach or create), not a failure.
+    pub(super) fn created_after_missing(&mut self, pid: u32, dev: Dev, name: &str) {
+        if self.missing.is_empty() {
+            return;
+        }
+        self.missing.retain(|(f, at)| {
+            // `name` is the kernel's, escaped; `n` the path as passed.
+            !(f.pid == pid
+                && matches!(at, Where::Mount(d, n) if *d == dev && crate::escape::str(n) == name))
+        });
+    }
+
+    /// Opens that found a name gone and were not followed by its creation
+    /// within the grace period become failures (all of them when `now_ns`
+    /// is `u64::MAX`: the end).
+    pub fn settle(&mut self, host: &mut dyn Host, now_ns: u64) {
+        if self.missing.is_empty() {
+            return;
+        }
+        let (due, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.missing)
+            .into_iter()
+            .partition(|(f, _)| now_ns.saturating_sub(f.ts_ns) >= MISSING_GRACE_NS);
+        self.missing = held;
+        for (f, _) in due {
+            self.record(host, f);
+        }
+    }
+}
+
+/// What keeps a segment alive until its consumer opens it, by remover.
+fn fix_for(r: &Removal) -> String {
+    match r.comm.as_str() {
+        "systemd-logind" | "systemd" => "systemd-logind removes a user's /dev/shm files when \
+            the user's last session ends (RemoveIPC=yes): set RemoveIPC=no in \
+            /etc/systemd/logind.conf, or run the job as a system user"
+            .to_string(),
+        "rm" | "find" | "sh" | "bash" | "dash" | "tmpreaper" | "tmpwatch" | "systemd-tmpfile" => {
+            format!(
+                "a cleanup removed it while it was in use: keep {} away from /dev/shm while \
+                 jobs run (remove only files whose creators exited: `shmtrace` lists them \
+                 as leftovers)",
+                r.comm
+            )
+        }
+        _ => "the segment was removed before its consumer opened it: keep it until every \
+              consumer has opened it (for PyTorch's file_system sharing strategy, keep the \
+              producer's tensor alive until the consumer has received it)"
+            .to_string(),
+    }
+}
