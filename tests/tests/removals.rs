@@ -105,6 +105,9 @@ fn torch_file_system_strategy_segment_removed_before_the_consumer_opened_it() {
         !d["summary"].as_str().unwrap().contains("DataLoader worker"),
         "a consumer is no worker: {d}"
     );
+    // Evidence from /proc/PID/maps, read at the failure.
+    let libs = t.first()["libraries"].as_array().unwrap();
+    assert!(libs.iter().any(|l| l == "libtorch"), "{libs:?}");
 }
 
 /// Attach-or-create: SharedMemory(name) fails, then the process creates

@@ -16,7 +16,15 @@ fn in_memory_cgroup(name: &str, limit: &str, script: &str) -> Traced {
     );
     std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
     std::fs::write(format!("{cg}/memory.limit_in_bytes"), limit).unwrap();
-    let t = run_traced(
+    let t = in_cgroup(&cg, script);
+    let _ = std::fs::remove_dir(&cg);
+    t
+}
+
+/// `run_traced` of `script` in a private mount namespace inside the
+/// existing cgroup directory `cg`.
+fn in_cgroup(cg: &str, script: &str) -> Traced {
+    run_traced(
         &[],
         &[
             "sh".into(),
@@ -25,9 +33,7 @@ fn in_memory_cgroup(name: &str, limit: &str, script: &str) -> Traced {
                 "echo $$ > {cg}/cgroup.procs && exec unshare -m --propagation private sh -c '{script}'"
             ),
         ],
-    );
-    let _ = std::fs::remove_dir(&cg);
-    t
+    )
 }
 
 /// NCCL's shared-memory transport (its calls and file names, without a
@@ -237,6 +243,10 @@ fn a_mount_its_writers_memory_limit_cannot_fill_is_flagged_before_any_failure() 
     assert_eq!(m["size_bytes"].as_u64(), Some(64 << 20));
     let w = m["memory_headroom"].as_str().unwrap();
     assert!(w.contains("allows 24.0 MiB"), "{w}");
+    // The figure the metric shmtrace_tmpfs_memory_room_bytes carries: the
+    // limit less what the cgroup uses besides shared memory.
+    let room = m["memory_room_bytes"].as_u64().unwrap();
+    assert!(room > 16 << 20 && room <= 24 << 20, "{room}");
     assert!(w.contains("OOM killer strikes first"), "{w}");
     assert!(
         t.stderr().contains("warning        /dev/shm is 64.0 MiB"),
@@ -271,6 +281,9 @@ fn a_failed_cuda_ipc_call_is_captured_with_its_error_code() {
             .contains(&format!("returned {code} (")),
         "{f}"
     );
+    // The libraries it ran, from its /proc/PID/maps at the failure (the
+    // workload loads libcudart alone, not libtorch).
+    assert_eq!(f["libraries"], serde_json::json!(["libcudart"]), "{f}");
     let d = &t.report["diagnosis"];
     assert_eq!(d["signature"], "cuda-ipc:cudaIpcGetMemHandle", "{d}");
     assert!(
@@ -284,5 +297,93 @@ fn a_failed_cuda_ipc_call_is_captured_with_its_error_code() {
             .unwrap()
             .contains("a bigger /dev/shm does not help"),
         "{d}"
+    );
+}
+
+/// POSIX named semaphores (multiprocessing's locks): a /dev/shm another
+/// file filled makes glibc's sem_open fail writing its page; the
+/// semaphore is collateral and the filler is who held the bytes.
+#[test]
+fn a_full_dev_shm_breaks_multiprocessing_locks() {
+    let script = root_dir().join("tests/python/sem_full.py");
+    let t = run_traced(
+        &[],
+        &private_shm(
+            "size=4m",
+            &format!("exec /usr/bin/python3 {}", script.display()),
+        ),
+    );
+    let truth = truth(&t.stdout());
+    assert!(
+        t.stderr().contains("No space left on device"),
+        "Python's own error: {}",
+        t.stderr()
+    );
+    let f = t.first();
+    assert_eq!(f["pid"], truth["pid"], "{}", t.stderr());
+    assert_eq!(f["syscall"], "write");
+    assert!(
+        f["path"].as_str().unwrap().starts_with("/dev/shm/sem."),
+        "{f}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "posix-semaphore:enospc-write", "{d}");
+    assert!(
+        d["framework_message"]
+            .as_str()
+            .unwrap()
+            .contains("multiprocessing.Lock"),
+        "{d}"
+    );
+    let filler = truth["filler_bytes"].as_u64().unwrap();
+    assert!(
+        f["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["pid"] == truth["pid"] && h["held_bytes"].as_u64() >= Some(filler)),
+        "the filler's bytes are attributed: {f}"
+    );
+}
+
+/// The same in a Kubernetes-shaped memory cgroup (cgroupfs driver:
+/// /kubepods/burstable/pod<uid>/<container id>, real v1 memory cgroups made
+/// here; no kubelet): the pod's limit is the mount's size, so the warning
+/// says Kubernetes sized the emptyDir at the pod's limit.
+#[test]
+fn a_pod_sized_emptydir_says_which_kubernetes_rule_made_it() {
+    let root = "/sys/fs/cgroup/memory/kubepods";
+    let pod = format!(
+        "{root}/burstable/pod0f6b7c1e-2d3a-4b5c-8d9e-{:012x}",
+        std::process::id()
+    );
+    let cg = format!("{pod}/{:064x}", std::process::id());
+    std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{pod}/memory.limit_in_bytes"), "64M").unwrap();
+    std::fs::write(format!("{cg}/memory.limit_in_bytes"), "24M").unwrap();
+    let t = in_cgroup(
+        &cg,
+        "mount -t tmpfs -o size=64m tmpfs /dev/shm && \
+         dd if=/dev/zero of=/dev/shm/x bs=1M count=8 2>/dev/null && sleep 2.5",
+    );
+    for d in [
+        cg.as_str(),
+        pod.as_str(),
+        &format!("{root}/burstable"),
+        root,
+    ] {
+        let _ = std::fs::remove_dir(d);
+    }
+    let m = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| !m["memory_headroom"].is_null())
+        .unwrap_or_else(|| panic!("flagged: {}", t.report["mounts"]));
+    let w = m["memory_headroom"].as_str().unwrap();
+    assert!(w.contains("allows 24.0 MiB"), "{w}");
+    assert!(
+        w.contains("Kubernetes sized this Memory emptyDir at the pod's memory limit (64.0 MiB)"),
+        "{w}"
     );
 }

@@ -178,3 +178,19 @@ fn other_libraries_are_named_by_their_segments_with_their_own_settings() {
         assert!(!d.basis.unwrap().contains("DataLoader"));
     }
 }
+
+#[test]
+fn libraries_decide_when_segment_names_say_nothing() {
+    for (libs, signature) in [
+        (vec!["ray"], "ray-object-store:sigbus"),
+        (vec!["libnccl", "libcudart"], "nccl:sigbus"),
+        // NCCL inside PyTorch: PyTorch names its own segments; "seg" is not one.
+        (vec!["libtorch", "libnccl"], "shm:sigbus"),
+        (vec![], "shm:sigbus"),
+    ] {
+        let mut facts = dataloader("seg");
+        facts.first_failure.as_mut().unwrap().libraries = libs.clone();
+        let d = diagnose(&Scope::whole(&facts)).unwrap();
+        assert_eq!(d.signature, signature, "{libs:?}");
+    }
+}

@@ -228,6 +228,7 @@ fn mounts(st: &State) -> Vec<MountReport> {
                     tracked_bytes: 0,
                     explained_share: None,
                     memory_headroom: None,
+                    memory_room_bytes: None,
                 }
             });
             let (leftover_bytes, leftovers) = leftovers_on(st, dev);

@@ -68,6 +68,20 @@ impl User {
         if best.0 == 0 && names.contains(&User::PosixSemaphore) {
             return User::PosixSemaphore;
         }
+        if best.0 == 0 {
+            // No segment says: the libraries the failing process mapped
+            // (NCCL also runs inside PyTorch, which names its own segments).
+            let libs = r
+                .first_failure
+                .map(|f| f.libraries.as_slice())
+                .unwrap_or(&[]);
+            if libs.contains(&"ray") {
+                return User::RayObjectStore;
+            }
+            if libs.contains(&"libnccl") && !libs.contains(&"libtorch") {
+                return User::Nccl;
+            }
+        }
         best.1
     }
 

@@ -166,6 +166,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     let used = Family::<MountLabels, Gauge>::default();
     let peak = Family::<MountLabels, Gauge>::default();
     let tracked = Family::<MountLabels, Gauge>::default();
+    let room = Family::<MountLabels, Gauge>::default();
     for m in st.mount_stats.by_dev.values() {
         let labels = MountLabels {
             mountpoint: m.mountpoint.clone().unwrap_or_default(),
@@ -180,6 +181,9 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
         }
         peak.get_or_create(&labels).set(m.peak_used_bytes as i64);
         tracked.get_or_create(&labels).set(m.tracked_bytes as i64);
+        if let Some(v) = m.memory_room_bytes {
+            room.get_or_create(&labels).set(v as i64);
+        }
     }
     reg.register(
         "shmtrace_tmpfs_size_bytes",
@@ -200,6 +204,11 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
         "shmtrace_tmpfs_tracked_bytes",
         "Bytes of the tmpfs files shmtrace attributes to processes",
         tracked,
+    );
+    reg.register(
+        "shmtrace_tmpfs_memory_room_bytes",
+        "What the memory cgroup of a tmpfs mount's writers leaves for shared memory (limit less its other use); a size above it means an OOM kill before the mount fills",
+        room,
     );
 
     let held = Family::<Pod, Gauge>::default();
@@ -398,9 +407,15 @@ mod tests {
             );
         }
         st.tick(&mut host);
+        st.mount_stats
+            .by_dev
+            .get_mut(&dev)
+            .unwrap()
+            .memory_room_bytes = Some(48 << 20);
         let mut c = Counters::default();
         c.lost.events_ring = 7;
         let text = render(&st, &c, LabelSet::default());
+        assert!(text.contains("shmtrace_tmpfs_memory_room_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 50331648"), "{text}");
         assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
         assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
         assert!(

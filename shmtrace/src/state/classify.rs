@@ -445,6 +445,12 @@ impl State {
         if f.memcg.is_none() {
             f.memcg = self.memcg_now(host, f.pid);
         }
+        // Which libraries it runs: evidence of the user when names say
+        // little (read while it may still be there; a dead one shows none).
+        if f.libraries.is_empty() {
+            let maps = host.maps(f.pid);
+            f.libraries = super::evidence::libraries(maps.iter().filter_map(|m| m.name.as_deref()));
+        }
         let cgid = self.procs.get(f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.container_of_id(host, cgid) {
             Some(c) => Some(c),

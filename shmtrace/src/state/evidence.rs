@@ -42,9 +42,53 @@ impl Evidence {
     }
 }
 
+/// Libraries that tell who uses shared memory, by the file name a process
+/// maps (`/proc/PID/maps`): (prefix of the name, what it is).
+const LIBRARIES: &[(&str, &str)] = &[
+    ("libtorch", "libtorch"),
+    ("libnccl", "libnccl"),
+    ("libcudart", "libcudart"),
+    ("libcuda.so", "libcuda"),
+    ("_raylet", "ray"),
+];
+
+/// The known libraries among a process's mapped file names, once each, in
+/// [`LIBRARIES`] order.
+pub fn libraries<'a>(names: impl Iterator<Item = &'a str>) -> Vec<&'static str> {
+    let mut found = [false; LIBRARIES.len()];
+    for n in names {
+        if let Some(i) = LIBRARIES.iter().position(|(p, _)| n.starts_with(p)) {
+            found[i] = true;
+        }
+    }
+    LIBRARIES
+        .iter()
+        .zip(found)
+        .filter(|(_, f)| *f)
+        .map(|((_, what), _)| *what)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libraries_are_named_once_each() {
+        let maps = [
+            "libc.so.6",
+            "libtorch_cpu.so",
+            "libtorch_python.so",
+            "libcudart.so.13",
+            "_raylet.so",
+            "libnccl.so.2",
+        ];
+        assert_eq!(
+            libraries(maps.into_iter()),
+            ["libtorch", "libnccl", "libcudart", "ray"]
+        );
+        assert!(libraries(["python3.11", "libcuda_fake"].into_iter()).is_empty());
+    }
 
     #[test]
     fn keeps_the_last_lines_per_mount() {

@@ -88,6 +88,10 @@ pub struct Failure {
     pub limit: Option<Limit>,
     /// What to change, for causes a bigger /dev/shm does not fix.
     pub fix: Option<String>,
+    /// Libraries the failing process mapped that tell who uses the memory
+    /// (libtorch, libnccl, libcudart, libcuda, ray), read at the failure.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub libraries: Vec<&'static str>,
     /// For an open that found its segment gone: who removed it, and when.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removed_by: Option<super::removals::Removal>,
@@ -147,6 +151,7 @@ impl Failure {
             reason: Reason::Other,
             limit: None,
             fix: None,
+            libraries: Vec::new(),
             removed_by: None,
             memcg: None,
             mount: None,

@@ -76,15 +76,61 @@ impl State {
     }
 }
 
-/// A mount its writers' memory cgroup cannot fill, in words.
+/// The pod-level cgroup of a Kubernetes container's cgroup path: the path
+/// down to its `pod<uid>` part (cgroupfs `/kubepods/burstable/pod<uid>/<id>`,
+/// systemd `/kubepods.slice/.../kubepods-burstable-pod<uid>.slice/...`).
+pub fn pod_cgroup(path: &str) -> Option<String> {
+    if !path.starts_with("/kubepods") {
+        return None;
+    }
+    let mut out = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        out.push('/');
+        out.push_str(part);
+        if part.starts_with("pod") || part.contains("-pod") {
+            return (out != path).then_some(out);
+        }
+    }
+    None
+}
+
+/// A Memory emptyDir's size against its pod's memory limit: which of
+/// Kubernetes' rules made it (since 1.32 min(sizeLimit, pod limit)).
+pub(super) fn emptydir_rule(size: u64, pod_limit: u64) -> String {
+    let page = 4096;
+    if size.abs_diff(pod_limit) < page {
+        format!(
+            "Kubernetes sized this Memory emptyDir at the pod's memory limit ({}): no sizeLimit was set, or a larger one (since 1.32 the size is min(sizeLimit, pod limit)); set a sizeLimit below the room, or raise the container's limit",
+            human_bytes(pod_limit)
+        )
+    } else if size < pod_limit {
+        format!(
+            "its size is the emptyDir's sizeLimit (the pod's memory limit is {}): lower sizeLimit below the room, or raise the container's limit",
+            human_bytes(pod_limit)
+        )
+    } else {
+        format!(
+            "it is larger than the pod's memory limit ({}): a kubelet before 1.32 sized it by sizeLimit alone (or the node's memory without one); lower sizeLimit below the room",
+            human_bytes(pod_limit)
+        )
+    }
+}
+
+/// A mount its writers' memory cgroup cannot fill, in words; `pod_limit`:
+/// the memory limit of the writers' pod, when they run in one.
 pub(super) fn headroom_words(
     mountpoint: &Option<String>,
     size: u64,
     m: &Memcg,
     room: u64,
+    pod_limit: Option<u64>,
 ) -> String {
+    let rule = match pod_limit {
+        Some(p) => format!("; {}", emptydir_rule(size, p)),
+        None => " (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32; before that, sizeLimit alone)".to_string(),
+    };
     format!(
-        "{} is {} but its writers' memory cgroup {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {} (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32; before that, sizeLimit alone)",
+        "{} is {} but its writers' memory cgroup {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {}{rule}",
         mountpoint.as_deref().unwrap_or("the mount"),
         human_bytes(size),
         m.path,
@@ -94,4 +140,36 @@ pub(super) fn headroom_words(
         human_bytes(room),
         human_bytes(room)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_cgroups_of_both_drivers() {
+        assert_eq!(
+            pod_cgroup("/kubepods/burstable/pod1234-ab/0123abcd").as_deref(),
+            Some("/kubepods/burstable/pod1234-ab")
+        );
+        assert_eq!(
+            pod_cgroup("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice/cri-containerd-0123.scope").as_deref(),
+            Some("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice")
+        );
+        assert_eq!(
+            pod_cgroup("/kubepods/pod9/ctr").as_deref(),
+            Some("/kubepods/pod9")
+        );
+        assert_eq!(pod_cgroup("/user.slice/pod1/x"), None);
+        // The pod's own cgroup is no container's.
+        assert_eq!(pod_cgroup("/kubepods/pod9"), None);
+    }
+
+    #[test]
+    fn which_emptydir_rule_made_the_size() {
+        const MIB: u64 = 1 << 20;
+        assert!(emptydir_rule(64 * MIB, 64 * MIB).contains("at the pod's memory limit"));
+        assert!(emptydir_rule(32 * MIB, 64 * MIB).contains("is the emptyDir's sizeLimit"));
+        assert!(emptydir_rule(128 * MIB, 64 * MIB).contains("before 1.32"));
+    }
 }

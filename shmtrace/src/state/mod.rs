@@ -450,10 +450,16 @@ impl State {
             let headroom = self.memory_headroom(host, dev, &mut memcg_reads);
             if let Some(s) = self.mount_stats.by_dev.get_mut(&dev) {
                 s.view_ns = view_ns;
+                s.memory_room_bytes = headroom.as_ref().map(|(_, room)| *room);
                 if let Some(size) = s.size_bytes {
                     s.memory_headroom = headroom.and_then(|(m, room)| {
-                        (size > room)
-                            .then(|| headroom::headroom_words(&s.mountpoint, size, &m, room))
+                        (size > room).then(|| {
+                            // In a Kubernetes pod: which emptyDir rule made the size.
+                            let pod_limit = headroom::pod_cgroup(&m.path)
+                                .and_then(|p| host.memcg_at(m.version, &p))
+                                .and_then(|p| p.limit_bytes);
+                            headroom::headroom_words(&s.mountpoint, size, &m, room, pod_limit)
+                        })
                     });
                 }
             }

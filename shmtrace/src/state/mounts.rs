@@ -283,6 +283,10 @@ pub struct MountStat {
     /// strikes first (checked once a second, before any failure).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_headroom: Option<String>,
+    /// What its writers' memory cgroup leaves for shared memory (the limit
+    /// less the rest of its use), when one has a limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_room_bytes: Option<u64>,
 }
 
 /// Every tmpfs mount that holds tracked files or failures, or is some
@@ -321,6 +325,7 @@ impl MountStats {
             tracked_bytes: 0,
             explained_share: None,
             memory_headroom: None,
+            memory_room_bytes: None,
         });
         s.tracked_bytes = tracked;
         s.mountpoint = Some(escape::str(&m.mountpoint));
