@@ -58,5 +58,12 @@ if [[ $want_test -eq 1 ]]; then
         /usr/bin/python3 -m venv "$venv"
         "$venv/bin/pip" install -q torch
     fi
+    # PyPI's Ray (its plasma object store in /dev/shm), beside it.
+    ray_venv=${SHMTRACE_RAY_VENV:-/var/cache/shmtrace/ray-venv}
+    if [[ ! -x "$ray_venv/bin/python" ]] || ! "$ray_venv/bin/python" -c 'import ray' 2>/dev/null; then
+        say "pip install ray into $ray_venv (about a minute, ~300 MB)"
+        /usr/bin/python3 -m venv "$ray_venv"
+        "$ray_venv/bin/pip" install -q ray
+    fi
 fi
 say "ready"

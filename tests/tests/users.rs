@@ -387,3 +387,46 @@ fn a_pod_sized_emptydir_says_which_kubernetes_rule_made_it() {
         "{w}"
     );
 }
+
+/// Ray's object store, the real package from PyPI: the raylet maps a
+/// sparse, unlinked plasma file; another process then takes every free
+/// byte (tests/python/ray_full.py); the raylet dies of SIGBUS at the next
+/// ray.put(). Named as Ray's, by the raylet's name, with Ray's settings.
+#[test]
+fn ray_object_store_raylet_dies_of_sigbus_in_a_full_dev_shm() {
+    let python = "/var/cache/shmtrace/ray-venv/bin/python";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "Ray venv missing: run scripts/setup.sh --test"
+    );
+    let script = root_dir().join("tests/python/ray_full.py");
+    let t = run_traced(
+        &[],
+        &private_shm("size=64m", &format!("exec {python} {}", script.display())),
+    );
+    let truth = truth(&t.stdout());
+    let f = t.first();
+    assert_eq!(f["kind"], "sigbus", "{}", t.stderr());
+    assert_eq!(f["comm"], "raylet", "named by its main thread: {f}");
+    assert!(
+        f["path"].as_str().unwrap().starts_with("/dev/shm/plasma"),
+        "{f}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "ray-object-store:sigbus", "{d}");
+    assert!(
+        d["framework_message"].as_str().unwrap().contains("raylet"),
+        "{d}"
+    );
+    assert!(
+        d["knobs"].as_str().unwrap().contains("object_store_memory"),
+        "{d}"
+    );
+    // The filler exited holding its file: a leftover, by its pid.
+    let left = d["leftovers"].as_str().unwrap();
+    assert!(
+        left.contains(&format!("/dev/shm/filler "))
+            && left.contains(&format!("pid {}", truth["filler"])),
+        "{left}"
+    );
+}

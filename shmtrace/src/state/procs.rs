@@ -116,7 +116,11 @@ impl ProcessTree {
             .procs
             .entry(h.pid)
             .or_insert_with(|| Proc::new(h.pid, h.ppid, h.ts_ns));
-        p.comm.clone_from(&h.comm);
+        // A process is named by its main thread: Ray's and others' worker
+        // threads carry names of their own ("store.io", "nexting_thread").
+        if h.tid == h.pid || p.comm.is_empty() {
+            p.comm.clone_from(&h.comm);
+        }
         if h.ppid != 0 {
             p.ppid = h.ppid;
         }
@@ -339,6 +343,21 @@ mod tests {
             comm: format!("p{pid}"),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_process_is_named_by_its_main_thread() {
+        let mut t = ProcessTree::default();
+        t.seen(&h(30, 1, 1));
+        let mut thread = h(30, 1, 2);
+        (thread.tid, thread.comm) = (31, "store.io".into());
+        t.seen(&thread);
+        assert_eq!(t.get(30).unwrap().comm, "p30");
+        // Known only from a thread: its name is better than none.
+        let mut first = h(40, 1, 3);
+        (first.tid, first.comm) = (41, "worker".into());
+        t.seen(&first);
+        assert_eq!(t.get(40).unwrap().comm, "worker");
     }
 
     #[test]
