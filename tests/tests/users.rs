@@ -425,8 +425,7 @@ fn ray_object_store_raylet_dies_of_sigbus_in_a_full_dev_shm() {
     // The filler exited holding its file: a leftover, by its pid.
     let left = d["leftovers"].as_str().unwrap();
     assert!(
-        left.contains(&format!("/dev/shm/filler "))
-            && left.contains(&format!("pid {}", truth["filler"])),
+        left.contains("/dev/shm/filler ") && left.contains(&format!("pid {}", truth["filler"])),
         "{left}"
     );
 }
