@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::{
-    leftovers::{describe_leftovers, leftovers, memory_headroom},
+    leftovers::{describe_leftovers, describe_strays, leftovers, memory_headroom},
     pytorch::{dataloader_fit, dataloader_in_flight, pytorch_kind, pytorch_messages},
     scope::Scope,
     users::User,
@@ -55,6 +55,11 @@ pub struct Diagnosis {
     /// whose, how many bytes, and the command that removes them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leftovers: Option<String>,
+    /// Files on the failing mount that no traced process made (there before
+    /// tracing began, or made by untraced processes), and how to remove
+    /// them if nothing uses them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strays: Option<String>,
     /// When the failing process's memory cgroup leaves less room than the
     /// mount (or the recommended size): past that, an OOM kill, not ENOSPC.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -190,6 +195,12 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             human_bytes(m)
         ));
     }
+    if first.stray_bytes > 0 {
+        summary.push_str(&format!(
+            " {} of it were files no traced process made (see other files).",
+            human_bytes(first.stray_bytes)
+        ));
+    }
     let memory_limit = memory_headroom(first, recommended);
     let caveat = hoarder(r, user, dataloader_in_flight(r));
     match (recommended, &caveat) {
@@ -221,6 +232,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         dataloader: fits.filter(|_| ran_out),
         knobs: user.knobs().filter(|_| ran_out).map(String::from),
         leftovers,
+        strays: describe_strays(first),
         memory_limit,
         caveat,
         fix: first.fix.clone(),

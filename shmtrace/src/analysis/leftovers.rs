@@ -93,28 +93,87 @@ pub(super) fn describe_leftovers(r: &Scope, left: &[&FileState], bytes: u64) -> 
         left.len(),
         human_bytes(bytes),
         listed.join(", "),
-        remove_command(&mp, left)
+        remove_command(
+            &mp,
+            &left
+                .iter()
+                .map(|f| (f.name.as_deref(), f.ino))
+                .collect::<Vec<_>>()
+        )
+    ))
+}
+
+/// Files on the failing mount that no traced process made: there before
+/// tracing began, or made by processes shmtrace does not trace. Whether
+/// anyone still uses them is not known: said so.
+pub(super) fn describe_strays(first: &Failure) -> Option<String> {
+    if first.strays.is_empty() {
+        return None;
+    }
+    let mp = first
+        .mount
+        .as_ref()
+        .and_then(|m| m.mountpoint.clone())
+        .unwrap_or_else(|| "/dev/shm".into());
+    let listed: Vec<String> = first
+        .strays
+        .iter()
+        .take(5)
+        .map(|s| format!("{mp}/{} ({})", s.name, human_bytes(s.bytes)))
+        .collect();
+    let more = match first.stray_count {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    let all_listed = first.stray_count as usize == first.strays.len();
+    Some(format!(
+        "{} file(s), {} of the {} in use, made by no process shmtrace traced (there before tracing began, or made by processes it does not trace): {}{more}. If nothing uses them (an earlier job's leftovers), removing them frees {}{}",
+        first.stray_count,
+        human_bytes(first.stray_bytes),
+        first
+            .mount
+            .as_ref()
+            .and_then(|m| m.used_bytes)
+            .map(human_bytes)
+            .unwrap_or_else(|| "bytes".into()),
+        listed.join(", "),
+        human_bytes(first.stray_bytes),
+        if all_listed {
+            format!(
+                ": {}",
+                remove_command(
+                    &mp,
+                    &first
+                        .strays
+                        .iter()
+                        .map(|s| (Some(s.name.as_str()), s.ino))
+                        .collect::<Vec<_>>()
+                )
+            )
+        } else {
+            String::new()
+        }
     ))
 }
 
 /// `rm` of plain names; a name with anything a shell could misread (it is
 /// escaped in reports) is removed by inode instead.
-fn remove_command(mp: &str, left: &[&FileState]) -> String {
+fn remove_command(mp: &str, left: &[(Option<&str>, u64)]) -> String {
     let plain = |s: &str| {
         !s.is_empty()
             && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"._-+@%=:,".contains(&b))
     };
     if plain(mp.trim_start_matches('/').replace('/', "").as_str())
-        && left.iter().all(|f| f.name.as_deref().is_some_and(plain))
+        && left.iter().all(|(name, _)| name.is_some_and(plain))
     {
         let files: Vec<String> = left
             .iter()
-            .map(|f| format!("{mp}/{}", f.name.as_deref().unwrap_or("")))
+            .map(|(name, _)| format!("{mp}/{}", name.unwrap_or("")))
             .collect();
         return format!("rm -- {}", files.join(" "));
     }
-    let inums: Vec<String> = left.iter().map(|f| format!("-inum {}", f.ino)).collect();
+    let inums: Vec<String> = left.iter().map(|(_, ino)| format!("-inum {ino}")).collect();
     format!(
         "find {} -xdev \\( {} \\) -delete",
         if plain(mp.trim_start_matches('/').replace('/', "").as_str()) {

@@ -121,6 +121,21 @@ impl Host for Fixture {
     fn statfs(&self, dev: Dev, _ns: u32, _mountpoint: &str, _via: &[u32]) -> Option<Usage> {
         self.usage.get(&dev).copied()
     }
+    fn list(
+        &self,
+        dev: Dev,
+        _ns: u32,
+        _mountpoint: &str,
+    ) -> Option<(Vec<(String, FileStat)>, u64)> {
+        let files = self
+            .names
+            .iter()
+            .filter(|((d, _), _)| *d == dev)
+            .filter_map(|((_, name), ino)| Some((name.clone(), *self.files.get(&(dev, *ino))?)))
+            .collect();
+        Some((files, 0))
+    }
+
     fn lookup(&self, dev: Dev, _ns: u32, _mountpoint: &str, rel: &str) -> Lookup {
         match self.names.get(&(dev, rel.to_string())) {
             Some(ino) => self

@@ -7,6 +7,7 @@ pub mod anchors;
 pub mod blocking;
 #[cfg(test)]
 pub mod fixture;
+pub mod listing;
 pub mod memcg;
 pub mod proc;
 pub mod procfs;
@@ -106,6 +107,17 @@ pub trait Host {
     /// lstat of `rel` (no symlink followed) under mount `dev` at
     /// `mountpoint` in namespace `ns`.
     fn lookup(&self, dev: Dev, ns: u32, mountpoint: &str, rel: &str) -> Lookup;
+    /// The regular files at the top of mount `dev` (at `mountpoint` in
+    /// namespace `ns`), escaped names with their stat, and how many
+    /// entries were not read (past a cap).
+    fn list(
+        &self,
+        _dev: Dev,
+        _ns: u32,
+        _mountpoint: &str,
+    ) -> Option<(Vec<(String, FileStat)>, u64)> {
+        None
+    }
     fn maps(&self, pid: u32) -> Vec<MapsEntry>;
     /// Limits of `pid` now (at a failure).
     fn limits(&self, pid: u32) -> Limits;

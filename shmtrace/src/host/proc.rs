@@ -132,6 +132,17 @@ impl Host for ProcHost {
             .unwrap_or(Lookup::Unknown)
     }
 
+    fn list(&self, dev: Dev, ns: u32, mountpoint: &str) -> Option<(Vec<(String, FileStat)>, u64)> {
+        let anchor = self.anchors.get(ns)?;
+        let root = format!("/proc/{anchor}/root{mountpoint}");
+        self.io
+            .run(
+                || format!("list {dev}"),
+                move || super::listing::list_under(dev, &root),
+            )
+            .flatten()
+    }
+
     fn ns_pid(&self, pid: u32) -> Option<u32> {
         self.io
             .run(|| format!("status {pid}"), move || ns_pid_of(pid))

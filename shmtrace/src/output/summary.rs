@@ -226,6 +226,9 @@ pub fn render(r: &Report) -> String {
         if let Some(l) = &d.leftovers {
             let _ = writeln!(s, "  leftovers      {l}");
         }
+        if let Some(o) = &d.strays {
+            let _ = writeln!(s, "  other files    {o}");
+        }
         if let Some(m) = &d.memory_limit {
             let _ = writeln!(s, "  memory limit   {m}");
         }

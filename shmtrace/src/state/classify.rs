@@ -434,6 +434,7 @@ impl State {
                 })
                 .collect();
             f.events_before = self.evidence.recent_on(dev);
+            (f.strays, f.stray_count, f.stray_bytes) = self.strays_on(host, dev);
         }
         // As the process sees itself: read now, while it may still be there.
         if f.ns_pid.is_none() {

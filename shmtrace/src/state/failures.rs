@@ -34,6 +34,17 @@ pub struct MountAtFailure {
     pub source: &'static str,
 }
 
+/// A file on a failing mount that no traced process was seen to make (it
+/// was there before tracing began, or an untraced process made it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Stray {
+    /// Escaped, under the mount.
+    pub name: String,
+    pub ino: u64,
+    /// Allocated bytes.
+    pub bytes: u64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Holder {
     pub pid: u32,
@@ -116,6 +127,18 @@ pub struct Failure {
     /// and the last events on that mount before it.
     pub holders: Vec<Holder>,
     pub events_before: Vec<String>,
+    /// For the first failure on a mount: the largest files there that no
+    /// traced process made, how many there were and their bytes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub strays: Vec<Stray>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stray_count: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stray_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Failure {
@@ -164,6 +187,9 @@ impl Failure {
             container: None,
             holders: Vec::new(),
             events_before: Vec::new(),
+            strays: Vec::new(),
+            stray_count: 0,
+            stray_bytes: 0,
         }
     }
 }

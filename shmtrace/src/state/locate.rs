@@ -3,7 +3,10 @@
 //! mount is measured as it stood at the failure (the kernel's counters when
 //! the record carries them, else statfs).
 
-use super::{PAGE, State, failures::MountAtFailure};
+use super::{
+    PAGE, State,
+    failures::{MountAtFailure, Stray},
+};
 use crate::{
     event::{Dev, Header, MountPages},
     host::Host,
@@ -132,5 +135,30 @@ impl State {
         if read && self.mounts.by_dev(dev).is_none() {
             self.mounts.mark_unmounted(dev);
         }
+    }
+
+    /// Files at the top of mount `dev` that no traced process was seen to
+    /// make (largest 10 kept), their count and bytes: read once, at the
+    /// first failure there, through the namespace's anchor.
+    pub(super) fn strays_on(&self, host: &mut dyn Host, dev: Dev) -> (Vec<Stray>, u64, u64) {
+        let Some((ns, m)) = self.mounts.measure_at(dev) else {
+            return Default::default();
+        };
+        let Some((listed, _)) = host.list(dev, ns, &m.mountpoint) else {
+            return Default::default();
+        };
+        let mut v: Vec<Stray> = listed
+            .into_iter()
+            .filter(|(_, st)| st.allocated > 0 && !self.files.files.contains_key(&(dev, st.ino)))
+            .map(|(name, st)| Stray {
+                name,
+                ino: st.ino,
+                bytes: st.allocated,
+            })
+            .collect();
+        v.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+        let (count, bytes) = (v.len() as u64, v.iter().map(|s| s.bytes).sum());
+        v.truncate(10);
+        (v, count, bytes)
     }
 }

@@ -95,6 +95,24 @@ fn first_failure_on_a_mount_lists_its_holders() {
 }
 
 #[test]
+fn files_no_traced_process_made_are_listed_at_the_first_failure() {
+    let (mut st, mut host, mut s) = setup();
+    // Already there: an old job's file, and an empty one (no bytes, no list).
+    host.file(SHM, 900, 5 * MIB as i64, 5 * MIB, 1);
+    host.names.insert((SHM, "old_job".into()), 900);
+    host.file(SHM, 901, 0, 0, 1);
+    host.names.insert((SHM, "empty".into()), 901);
+    // The traced worker's own segment is listed too: it is no stray.
+    host.file(SHM, 100, 8 * MIB as i64, 4 * MIB, 1);
+    host.names.insert((SHM, "torch_12_1".into()), 100);
+    sigbus_stream(&mut st, &mut host, &mut s);
+    let f = &st.failures.all()[0];
+    assert_eq!((f.stray_count, f.stray_bytes), (1, 5 * MIB));
+    assert_eq!(f.strays[0].name, "old_job");
+    assert_eq!(f.strays[0].ino, 900);
+}
+
+#[test]
 fn new_namespaces_are_anchored_and_idle_ones_let_go() {
     let (mut st, mut host, mut s) = setup();
     let pod_ns = 4026532999;
