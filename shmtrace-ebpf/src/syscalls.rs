@@ -22,8 +22,6 @@ use crate::{
 
 const MAP_ANONYMOUS: u64 = 0x20;
 const O_CREAT: u64 = 0o100;
-const AT_FDCWD: i64 = -100;
-const AT_REMOVEDIR: u64 = 0x200;
 
 // Classic per-syscall exit tracepoints, attached (by the loader) to the
 // syscalls that matter only: read, futex, epoll and the rest never run a
@@ -87,72 +85,11 @@ pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// unlink, unlinkat: who removed a shared-memory file (the answer when
-/// another process then finds it gone: "No such file or directory").
-#[tracepoint]
-pub fn sys_exit_unlink(ctx: TracePointContext) -> u32 {
-    let (nr, ret) = exit_record(&ctx);
-    if ret == 0 {
-        on_unlink(user_regs(), nr);
-    }
-    0
-}
-
-/// Only `/dev/shm/...` paths (what shm_unlink and sem_unlink pass) and
-/// names in a tmpfs directory fd (`find -delete`, systemd's RemoveIPC).
-/// From any process, traced or not: a cleanup job removing a traced job's
-/// segments is the case this is for; unlink is rare and the path test
-/// comes first.
-#[inline(always)]
-fn on_unlink(regs: u64, nr: u32) {
-    let (dirfd, path) = if nr == nr!(unlinkat) {
-        if arg(regs, 2) & AT_REMOVEDIR != 0 {
-            return;
-        }
-        (arg(regs, 0) as i32 as i64, arg(regs, 1))
-    } else {
-        (AT_FDCWD, arg(regs, 0))
-    };
-    let mut dev = 0;
-    if !is_shm_path(path) {
-        if dirfd == AT_FDCWD {
-            return;
-        }
-        let inode = kernel::tmpfs_inode(kernel::fd_file(dirfd as u64));
-        if inode == 0 {
-            return;
-        }
-        dev = kernel::sb_dev(kernel::read_ptr(inode, off!(inode_sb)));
-    }
-    let Some(mut e) = emit::start(Ring::Events, EventKind::Unlink) else {
-        return;
-    };
-    let ev = emit::body(&mut e);
-    ev.syscall = nr;
-    ev.args[0] = dirfd as u64;
-    ev.file.dev = dev;
-    // SAFETY: a user pointer read with the checked helper, bounded by the
-    // destination's length.
-    let _ = unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut ev.path) };
-    e.submit(0);
-}
-
-/// Whether user string `p` starts with "/dev/shm/": one 9-byte read.
-#[inline(always)]
-fn is_shm_path(p: u64) -> bool {
-    // SAFETY: a user pointer read with the checked helper; a bad pointer
-    // (or a string shorter than 9 bytes at a page's end) is an error.
-    match unsafe { bpf_probe_read_user(p as *const [u8; 9]) } {
-        Ok(b) => &b == b"/dev/shm/",
-        Err(_) => false,
-    }
-}
-
 /// (syscall number, return value) from a syscalls:sys_exit_* record:
 /// `int __syscall_nr` at 8 and `long ret` at 16, the same on every kernel
 /// since syscall tracepoints exist (checked against tracefs by the loader).
 #[inline(always)]
-fn exit_record(ctx: &TracePointContext) -> (u32, i64) {
+pub(crate) fn exit_record(ctx: &TracePointContext) -> (u32, i64) {
     let p = ctx.as_ptr() as *const u8;
     // SAFETY: direct loads from the tracepoint record, which the verifier
     // bounds-checks against the context size.
@@ -161,7 +98,7 @@ fn exit_record(ctx: &TracePointContext) -> (u32, i64) {
 
 /// The current task's saved user registers: the syscall's arguments.
 #[inline(always)]
-fn user_regs() -> u64 {
+pub(crate) fn user_regs() -> u64 {
     // SAFETY: helpers without side effects on the current task; the result
     // is a BTF-typed pointer to its pt_regs, loaded from in `arg`.
     unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
@@ -312,7 +249,7 @@ fn on_close(regs: u64) {
 }
 
 #[inline(always)]
-fn arg(regs: u64, i: usize) -> u64 {
+pub(crate) fn arg(regs: u64, i: usize) -> u64 {
     let off = off!(regs_args[i]) as u64;
     // SAFETY: `regs` is the BTF-typed pt_regs from `user_regs`: the
     // verifier checks this load against the struct (the offset is a
@@ -321,7 +258,7 @@ fn arg(regs: u64, i: usize) -> u64 {
 }
 
 #[inline(always)]
-fn tgid() -> u32 {
+pub(crate) fn tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
@@ -366,7 +303,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         } else {
             arg(regs, 1)
         };
-        if !by_path || !is_shm_path(p) {
+        if !by_path || !crate::unlink::is_shm_path(p) {
             return;
         }
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::{event::Syscall, host::Limits, units::human_bytes};
 
 /// The cause, as a stable name (JSON `reason`, see [`Reason::name`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Reason {
     /// The tmpfs had no free page (its size= limit).
     TmpfsFull,
@@ -46,6 +46,7 @@ pub enum Reason {
     CudaIpc,
     /// An open found a shared-memory segment gone (removed before it).
     SegmentGone,
+    #[default]
     Other,
 }
 

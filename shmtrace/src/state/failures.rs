@@ -52,7 +52,7 @@ pub struct Holder {
     pub held_bytes: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Failure {
     pub ts_ns: u64,
     /// Seconds since shmtrace started.
@@ -146,50 +146,10 @@ impl Failure {
     pub fn new(kind: &'static str, ts_ns: u64, pid: u32, tid: u32) -> Self {
         Self {
             ts_ns,
-            time_s: 0.0,
-            delay_ns: 0,
             pid,
-            ns_pid: None,
             tid,
-            ppid: 0,
-            comm: String::new(),
             kind,
-            syscall: None,
-            errno: None,
-            errno_name: None,
-            signal: None,
-            si_code: None,
-            si_code_name: None,
-            fault_addr: None,
-            path: None,
-            host_path: None,
-            dev: None,
-            kdev: None,
-            ino: None,
-            offset: None,
-            bytes: None,
-            file_size: None,
-            unlinked: None,
-            cause: String::new(),
-            reason: Reason::Other,
-            limit: None,
-            fix: None,
-            libraries: Vec::new(),
-            removed_by: None,
-            memcg: None,
-            mount: None,
-            ancestry: Vec::new(),
-            mnt_ns: 0,
-            refaults: 0,
-            repeats: 0,
-            last_ts_ns: None,
-            incident: 0,
-            container: None,
-            holders: Vec::new(),
-            events_before: Vec::new(),
-            strays: Vec::new(),
-            stray_count: 0,
-            stray_bytes: 0,
+            ..Default::default()
         }
     }
 }

@@ -17,8 +17,10 @@ pub mod incidents;
 pub mod locate;
 pub mod mappings;
 pub(crate) mod missing;
+pub mod mount_stats;
 pub mod mounts;
 pub mod procs;
+mod record;
 pub mod removals;
 
 use std::{

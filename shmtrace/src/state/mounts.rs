@@ -1,7 +1,7 @@
 //! tmpfs mounts: which mount a device belongs to (per mount namespace, from
 //! mountinfo text the host reads), and each mount's size and use over time.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -257,92 +257,7 @@ fn under(path: &str, mountpoint: &str) -> bool {
         || (path.starts_with(mountpoint) && path.as_bytes().get(mountpoint.len()) == Some(&b'/'))
 }
 
-/// A tmpfs mount's size and use, followed over time.
-#[derive(Clone, Debug, Serialize)]
-pub struct MountStat {
-    /// As its users see it (a container's is `/dev/shm`).
-    pub mountpoint: Option<String>,
-    /// Where the host has it, when that differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host_mountpoint: Option<String>,
-    pub dev: String,
-    pub mount_ns: u32,
-    /// The namespace it is shown as seen from (its users', a container's).
-    #[serde(skip)]
-    pub view_ns: u32,
-    pub size_bytes: Option<u64>,
-    pub used_bytes: Option<u64>,
-    pub free_bytes: Option<u64>,
-    pub peak_used_bytes: u64,
-    /// Bytes of the files shmtrace tracks on it.
-    pub tracked_bytes: u64,
-    /// tracked_bytes / used_bytes: how much of the use is explained.
-    pub explained_share: Option<f64>,
-    /// Set when the mount is larger than what a writer's memory cgroup
-    /// leaves for shared memory: it can never fill; the cgroup's OOM killer
-    /// strikes first (checked once a second, before any failure).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_headroom: Option<String>,
-    /// What its writers' memory cgroup leaves for shared memory (the limit
-    /// less the rest of its use), when one has a limit.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory_room_bytes: Option<u64>,
-}
-
-/// Every tmpfs mount that holds tracked files or failures, or is some
-/// namespace's /dev/shm, by device.
-#[derive(Default)]
-pub struct MountStats {
-    pub by_dev: BTreeMap<Dev, MountStat>,
-}
-
-impl MountStats {
-    /// Keeps only these devices (mounts of namespaces let go leave).
-    pub fn retain(&mut self, devs: &std::collections::BTreeSet<Dev>) {
-        self.by_dev.retain(|d, _| devs.contains(d));
-    }
-
-    /// One measurement of `m`: its use (when statfs answered) and the bytes
-    /// of the files tracked on it.
-    pub fn observe(
-        &mut self,
-        m: &Mount,
-        host_mountpoint: Option<String>,
-        ns: u32,
-        usage: Option<Usage>,
-        tracked: u64,
-    ) {
-        let s = self.by_dev.entry(m.dev).or_insert_with(|| MountStat {
-            mountpoint: None,
-            host_mountpoint: None,
-            dev: m.dev.to_string(),
-            mount_ns: ns,
-            view_ns: ns,
-            size_bytes: None,
-            used_bytes: None,
-            free_bytes: None,
-            peak_used_bytes: 0,
-            tracked_bytes: 0,
-            explained_share: None,
-            memory_headroom: None,
-            memory_room_bytes: None,
-        });
-        s.tracked_bytes = tracked;
-        s.mountpoint = Some(escape::str(&m.mountpoint));
-        // The host's name outlives its unmount (a container stopped).
-        if host_mountpoint.is_some() {
-            s.host_mountpoint = host_mountpoint;
-        }
-        if let Some(u) = usage {
-            s.size_bytes = Some(u.size_bytes);
-            s.used_bytes = Some(u.used_bytes);
-            s.free_bytes = Some(u.free_bytes());
-            s.peak_used_bytes = s.peak_used_bytes.max(u.used_bytes);
-            s.explained_share =
-                (u.used_bytes > 0).then(|| (tracked as f64 / u.used_bytes as f64).min(1.0));
-        }
-    }
-}
+pub use super::mount_stats::{MountStat, MountStats};
 
 #[cfg(test)]
 mod tests {

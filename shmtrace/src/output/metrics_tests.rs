@@ -1,0 +1,104 @@
+//! Metrics rendered from state that synthetic events left.
+use super::*;
+use crate::{
+    event::{Dev, Event, FailedCall, FileRef, Header, MountPages, Syscall},
+    host::fixture::{Fixture, SELF_NS},
+};
+
+#[test]
+fn renders_mounts_failures_and_losses_with_escaped_labels() {
+    let dev = Dev(40);
+    let mut host = Fixture::with_shm(dev, 64 << 20);
+    let mut st = State::new(0, &mut host);
+    let h = Header {
+        ts_ns: 10,
+        pid: 5,
+        tid: 5,
+        ppid: 1,
+        ns_pid: 0,
+        mnt_ns: SELF_NS,
+        cgroup_id: 0,
+        comm: "w".into(),
+    };
+    let file = FileRef {
+        dev,
+        ino: 2,
+        name: Some("a\"b".into()),
+        size: 0,
+        allocated: 0,
+        unlinked: false,
+        mount: MountPages {
+            dev,
+            max_pages: 0,
+            used_pages: 0,
+        },
+    };
+    for _ in 0..3 {
+        st.apply(
+            &Event::SyscallFailed {
+                h: h.clone(),
+                errno: libc::ENOSPC,
+                limits: None,
+                mnt_flags: 0,
+                call: FailedCall::OnFile {
+                    syscall: Syscall::Fallocate,
+                    fd: 3,
+                    offset: Some(0),
+                    bytes: Some(1 << 20),
+                    prot: None,
+                    mountpoint: None,
+                    file: file.clone(),
+                },
+            },
+            &mut host,
+        );
+    }
+    st.tick(&mut host);
+    st.mount_stats
+        .by_dev
+        .get_mut(&dev)
+        .unwrap()
+        .memory_room_bytes = Some(48 << 20);
+    let mut c = Counters::default();
+    c.lost.events_ring = 7;
+    let text = render(&st, &c, LabelSet::default());
+    assert!(text.contains("shmtrace_tmpfs_memory_room_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 50331648"), "{text}");
+    assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
+    assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
+    assert!(
+        text.contains("shmtrace_events_lost_total{stage=\"events_ring\"} 7"),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // A hostile mount point cannot forge a line.
+    let mut st2 = st;
+    for m in st2.mount_stats.by_dev.values_mut() {
+        m.mountpoint = Some("/x\"} 1\nshmtrace_fake 2".into());
+    }
+    let text = render(&st2, &c, LabelSet::default());
+    assert!(
+        !text.lines().any(|l| l.starts_with("shmtrace_fake")),
+        "{text}"
+    );
+}
+
+#[test]
+fn label_sets_parse_and_pods_are_named() {
+    let keep: LabelSet = "namespace,pod".parse().unwrap();
+    assert!(keep.namespace && keep.pod && !keep.container);
+    assert!("pid".parse::<LabelSet>().is_err());
+    let mut c = crate::state::containers::parse(
+        "/kubepods/besteffort/pod1b2c3d4e-0000-4000-8000-00000000beef/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    );
+    c.named(crate::state::containers::Names {
+        container: Some("w".into()),
+        pod_namespace: Some("ml".into()),
+        pod_name: Some("job-0".into()),
+    });
+    let p = pod(Some(&c), LabelSet::default());
+    assert_eq!(
+        (p.namespace.as_str(), p.pod.as_str(), p.container.as_str()),
+        ("ml", "job-0", "w")
+    );
+    assert_eq!(pod(Some(&c), keep).container, "");
+}
