@@ -161,7 +161,12 @@ pub fn render(r: &Report) -> String {
         v.dedup();
         v
     };
-    if failed_pids.len() > 1 && failed_pids[0] != first.pid {
+    // A DataLoader names a worker by pid order; users known to be
+    // something else (NCCL, Ray, Python's shared_memory...) do not.
+    let dataloader = r.diagnosis.as_ref().is_none_or(|d| {
+        d.signature.starts_with("pytorch-dataloader") || d.signature.starts_with("shm:")
+    });
+    if dataloader && failed_pids.len() > 1 && failed_pids[0] != first.pid {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
