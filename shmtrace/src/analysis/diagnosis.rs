@@ -107,8 +107,14 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         .processes
         .iter()
         .copied()
+        // The process shmtrace was given (`run`'s command, `--pid`'s
+        // target) is the job's main process, never one of its workers,
+        // even when its parent (shmtrace, a shell) is not traced.
         .filter(|p| {
-            p.ppid == parent && p.pid != parent && (parent_cmd.is_none() || p.cmdline == parent_cmd)
+            p.ppid == parent
+                && p.pid != parent
+                && !p.root
+                && (parent_cmd.is_none() || p.cmdline == parent_cmd)
         })
         .collect();
     workers.sort_by_key(|p| (p.first_seen_ns, p.pid));

@@ -194,3 +194,45 @@ fn libraries_decide_when_segment_names_say_nothing() {
         assert_eq!(d.signature, signature, "{libs:?}");
     }
 }
+
+#[test]
+fn the_process_shmtrace_was_given_is_no_worker() {
+    // `run -- python train.py`: its parent (shmtrace) is not traced, and
+    // the main process itself fails; a worker of its own fails after it.
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(10, "python train.py".into());
+    st.add_existing(&mut host, 10, 0, true);
+    let fork = s.h(10, 1);
+    let main_fails = s.h(10, 1);
+    // PyTorch 2.x names its DataLoader workers.
+    let mut worker = s.h(11, 10);
+    worker.comm = "pt_data_worker".into();
+    let evs = vec![
+        Event::Fork { h: fork, child: 11 },
+        crate::state::tests::enospc(
+            main_fails,
+            Syscall::Fallocate,
+            5,
+            8 * MIB,
+            file(100, "torch_10_1", 0, 0, 16000),
+        ),
+        crate::state::tests::enospc(
+            worker,
+            Syscall::Fallocate,
+            5,
+            8 * MIB,
+            file(101, "torch_11_1", 0, 0, 16000),
+        ),
+    ];
+    for e in &evs {
+        st.apply(e, &mut host);
+    }
+    let d = diagnose(&Scope::whole(&Facts::gather(&st, ctx()))).unwrap();
+    assert!(
+        d.signature.starts_with("pytorch-dataloader"),
+        "{}",
+        d.signature
+    );
+    assert!(!d.summary.contains("DataLoader worker"), "{}", d.summary);
+    assert!(d.summary.starts_with("pid 10 "), "{}", d.summary);
+}
