@@ -61,11 +61,7 @@ pub(super) fn describe_leftovers(r: &Scope, left: &[&FileState], bytes: u64) -> 
     if left.is_empty() {
         return None;
     }
-    let mp = first
-        .mount
-        .as_ref()
-        .and_then(|m| m.mountpoint.clone())
-        .unwrap_or_else(|| "/dev/shm".into());
+    let mp = shown_mountpoint(first);
     let whose = |f: &FileState| {
         f.creator
             .and_then(|pid| r.processes.iter().find(|p| p.pid == pid))
@@ -110,11 +106,7 @@ pub(super) fn describe_strays(first: &Failure) -> Option<String> {
     if first.strays.is_empty() {
         return None;
     }
-    let mp = first
-        .mount
-        .as_ref()
-        .and_then(|m| m.mountpoint.clone())
-        .unwrap_or_else(|| "/dev/shm".into());
+    let mp = shown_mountpoint(first);
     let listed: Vec<String> = first
         .strays
         .iter()
@@ -154,6 +146,15 @@ pub(super) fn describe_strays(first: &Failure) -> Option<String> {
             String::new()
         }
     ))
+}
+
+/// The failing mount as the failing process saw it.
+fn shown_mountpoint(first: &Failure) -> String {
+    first
+        .mount
+        .as_ref()
+        .and_then(|m| m.mountpoint.clone())
+        .unwrap_or_else(|| "/dev/shm".into())
 }
 
 /// `rm` of plain names; a name with anything a shell could misread (it is

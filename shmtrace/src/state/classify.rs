@@ -194,19 +194,19 @@ impl State {
         match call {
             FailedCall::Open { dirfd, path, .. } => {
                 let raw = path;
+                if errno == libc::ENOENT && super::missing::is_lookup(raw, &h.comm) {
+                    return;
+                }
                 let Some((path, mount)) = self.resolve_open_path(host, h, *dirfd, path) else {
                     return; // not under a tmpfs mount: not a shm failure
                 };
-                if errno == libc::ENOENT {
-                    f.path = Some(path);
-                    f.kdev = Some(mount);
-                    f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
-                    self.on_missing(host, f, raw);
-                    return;
-                }
                 f.path = Some(path);
                 f.kdev = Some(mount);
                 f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
+                if errno == libc::ENOENT {
+                    self.on_missing(host, f, raw);
+                    return;
+                }
                 let x = explain(
                     call.syscall(),
                     None,

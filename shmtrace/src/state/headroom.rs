@@ -51,14 +51,7 @@ impl State {
             let Some(at) = self.procs.get(pid).and_then(|p| p.memcg.clone()) else {
                 continue;
             };
-            if !reads.contains_key(&at) {
-                if reads.len() >= 32 {
-                    continue;
-                }
-                let m = host.memcg_at(at.0, &at.1);
-                reads.insert(at.clone(), m);
-            }
-            let Some(m) = reads.get(&at).cloned().flatten() else {
+            let Some(m) = memcg_cached(host, reads, at.0, at.1) else {
                 continue;
             };
             let Some(limit) = m.limit_bytes else {
@@ -75,6 +68,28 @@ impl State {
         best
     }
 }
+
+/// Memory cgroups read once a tick, at most [`MAX_MEMCG_READS`] of them:
+/// a cgroup past the cap reads as unknown until the next tick.
+pub(super) fn memcg_cached(
+    host: &mut dyn Host,
+    reads: &mut BTreeMap<(u8, String), Option<Memcg>>,
+    version: u8,
+    path: String,
+) -> Option<Memcg> {
+    let key = (version, path);
+    if !reads.contains_key(&key) {
+        if reads.len() >= MAX_MEMCG_READS {
+            return None;
+        }
+        let m = host.memcg_at(version, &key.1);
+        reads.insert(key.clone(), m);
+    }
+    reads.get(&key).cloned().flatten()
+}
+
+/// Memory cgroups read at most per tick (each a few small reads).
+const MAX_MEMCG_READS: usize = 32;
 
 /// The pod-level cgroup of a Kubernetes container's cgroup path: the path
 /// down to its `pod<uid>` part (cgroupfs `/kubepods/burstable/pod<uid>/<id>`,

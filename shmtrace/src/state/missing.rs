@@ -74,12 +74,13 @@ impl State {
                 .filter(|m| m.is_tmpfs())
                 .map(|m| (m.dev, m.mountpoint.clone()))
         };
-        // Only /dev/shm paths come here: a table without a tmpfs for it is
-        // older than the mount (unshare + mount): read it again.
-        let found = tmpfs(self).or_else(|| {
+        // A namespace never read is read once; a known one is not read
+        // again per unlink (PyTorch unlinks every batch): exec and failures
+        // refresh it.
+        if !self.mounts.knows_ns(ns) {
             self.refresh_mounts(host, ns, pid);
-            tmpfs(self)
-        });
+        }
+        let found = tmpfs(self);
         match found {
             Some((dev, mp)) => {
                 let rel = path
@@ -95,13 +96,6 @@ impl State {
     /// An open of absolute `raw_path` found no file: explained by the last
     /// removal of that name, then held back for [`MISSING_GRACE_NS`].
     pub(super) fn on_missing(&mut self, host: &mut dyn Host, mut f: Failure, raw_path: &str) {
-        let name = raw_path.rsplit('/').next().unwrap_or_default();
-        // Lookups that are no failure: glibc's sem_open tries the name
-        // before it creates it, and PyTorch's torch_shm_manager opens
-        // segments its clients may already have freed.
-        if name.starts_with("sem.") || f.comm == "torch_shm_manag" {
-            return;
-        }
         let at = self.where_is(host, f.mnt_ns, f.pid, raw_path);
         f.reason = Reason::SegmentGone;
         match self.removals.removal_of(&at, f.ts_ns).cloned() {
@@ -173,6 +167,14 @@ impl State {
             self.record(host, f);
         }
     }
+}
+
+/// Opens of a gone name that are no failure: glibc's sem_open tries the
+/// name before it creates it, and PyTorch's torch_shm_manager opens
+/// segments its clients may already have freed.
+pub(super) fn is_lookup(path: &str, comm: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or_default();
+    name.starts_with("sem.") || comm == "torch_shm_manag"
 }
 
 /// What keeps a segment alive until its consumer opens it, by remover.

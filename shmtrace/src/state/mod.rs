@@ -2,8 +2,9 @@
 //! kind of fact. [`State::apply`] routes each typed event to them; every
 //! read of the machine goes through the [`Host`] it is given, so a unit
 //! test drives it with a fixture host and a synthetic event stream.
-//! One file on purpose (a little over 450 lines): `apply` and `tick` are
-//! the two routes through every component and read best side by side.
+//! One file on purpose (about 490 lines): `apply` and `tick` are the two
+//! routes through every component and read best side by side; what each
+//! event does beyond routing lives in the component files.
 
 pub mod causes;
 pub mod classify;
@@ -458,7 +459,9 @@ impl State {
                         (size > room).then(|| {
                             // In a Kubernetes pod: which emptyDir rule made the size.
                             let pod_limit = headroom::pod_cgroup(&m.path)
-                                .and_then(|p| host.memcg_at(m.version, &p))
+                                .and_then(|p| {
+                                    headroom::memcg_cached(host, &mut memcg_reads, m.version, p)
+                                })
                                 .and_then(|p| p.limit_bytes);
                             headroom::headroom_words(&s.mountpoint, size, &m, room, pod_limit)
                         })
