@@ -4,6 +4,8 @@
 
 pub mod diagnosis;
 pub mod facts;
+#[cfg(test)]
+mod golden_tests;
 pub mod incident;
 mod leftovers;
 mod pytorch;

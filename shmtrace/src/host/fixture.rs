@@ -3,10 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry};
+use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry, blocking::Stalls, memcg::Memcg};
 use crate::{
     event::{Addr, Dev},
-    state::mounts::{Mount, Usage},
+    state::{
+        containers::{Container, Names},
+        mounts::{Mount, Usage},
+    },
 };
 
 pub const SELF_PID: u32 = 1;
@@ -32,6 +35,16 @@ pub struct Fixture {
     /// Namespaces anchored (ns -> anchor pid), and how many reads happened.
     pub anchors: BTreeMap<u32, u32>,
     pub released: Vec<u32>,
+    /// pid -> its pid in its own PID namespace.
+    pub ns_pids: HashMap<u32, u32>,
+    /// pid -> (hierarchy version, memory cgroup path).
+    pub memcgs: HashMap<u32, (u8, String)>,
+    /// (version, path) -> what the memory cgroup reads now.
+    pub memcg_stats: HashMap<(u8, String), Memcg>,
+    /// cgroup path -> the container's and pod's names.
+    pub container_names: HashMap<String, Names>,
+    /// Reads that stalled, as the real host counts them.
+    pub stalls: Stalls,
 }
 
 impl Fixture {
@@ -182,5 +195,20 @@ impl Host for Fixture {
     }
     fn cgroup_path(&mut self, id: u64) -> Option<String> {
         self.cgroup_ids.get(&id).cloned()
+    }
+    fn ns_pid(&self, pid: u32) -> Option<u32> {
+        self.ns_pids.get(&pid).copied()
+    }
+    fn memcg_of(&self, pid: u32) -> Option<(u8, String)> {
+        self.memcgs.get(&pid).cloned()
+    }
+    fn memcg_at(&self, version: u8, path: &str) -> Option<Memcg> {
+        self.memcg_stats.get(&(version, path.to_string())).cloned()
+    }
+    fn container_names(&self, c: &Container) -> Option<Names> {
+        self.container_names.get(&c.cgroup).cloned()
+    }
+    fn stalls(&self) -> Stalls {
+        self.stalls
     }
 }

@@ -1,0 +1,300 @@
+//! The report's JSON, pinned: synthetic event streams of each failure kind
+//! through state and analysis, serialized and compared with the files in
+//! `golden/`. A refactor that changes a field's name, value or presence
+//! fails here. After a deliberate change, regenerate with
+//! `SHMTRACE_BLESS=1 cargo test -p shmtrace golden` and review the diff.
+
+use crate::{
+    analysis::{Report, facts::Context},
+    event::{Addr, CudaCall, Event, ExitStatus, FailedCall, KernelLimits, MountPages, Syscall},
+    host::{Limits, fixture::Fixture, memcg::Memcg},
+    state::{
+        State,
+        tests::{MIB, SHM, enospc, file, setup},
+    },
+};
+
+fn ctx() -> Context {
+    Context {
+        mode: "run",
+        node: false,
+        command: Some(vec!["python".into(), "train.py".into()]),
+        target_pid: Some(10),
+        duration_s: 2.5,
+        counters: Default::default(),
+        host_stalls: Default::default(),
+        exit: None,
+        notes: Vec::new(),
+    }
+}
+
+fn check(name: &str, st: &State) {
+    let report = Report::build(st, ctx());
+    let got = serde_json::to_string_pretty(&report).unwrap() + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/analysis/golden")
+        .join(format!("{name}.json"));
+    if std::env::var_os("SHMTRACE_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (SHMTRACE_BLESS=1 writes it)", path.display()));
+    if got != want {
+        let line = got
+            .lines()
+            .zip(want.lines())
+            .position(|(g, w)| g != w)
+            .unwrap_or(got.lines().count().min(want.lines().count()));
+        panic!(
+            "{name}: the report differs from {} at line {}:\n  got:  {}\n  want: {}",
+            path.display(),
+            line + 1,
+            got.lines().nth(line).unwrap_or("<end>"),
+            want.lines().nth(line).unwrap_or("<end>"),
+        );
+    }
+}
+
+fn apply(st: &mut State, host: &mut Fixture, evs: &[Event]) {
+    for ev in evs {
+        st.apply(ev, host);
+    }
+    st.tick(host);
+}
+
+/// A DataLoader whose worker 13 faults first, then 11; both die.
+#[test]
+fn golden_dataloader_sigbus() {
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(10, "python train.py".into());
+    st.add_existing(&mut host, 10, 0, true);
+    let mut evs = Vec::new();
+    for w in [11, 12, 13] {
+        evs.push(Event::Fork {
+            h: s.h(10, 1),
+            child: w,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        let f = file(w as u64, &format!("torch_{w}_1"), 16 * MIB as i64, 0, 16000);
+        evs.push(Event::Opened {
+            h: s.h(w, 10),
+            syscall: Syscall::Openat,
+            fd: 5,
+            flags: libc::O_CREAT as u64,
+            file: f.clone(),
+        });
+        evs.push(Event::Mapped {
+            h: s.h(w, 10),
+            addr: Addr(base),
+            len: 16 * MIB,
+            prot: 3,
+            flags: 1,
+            offset: 0,
+            file: f,
+            mountpoint: None,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        evs.push(Event::Sigbus {
+            h: s.h(w, 10),
+            target: w,
+            target_tid: w,
+            si_code: 2,
+            si_errno: 0,
+            addr: Addr(base + 8 * MIB),
+            mount: Some(MountPages {
+                dev: SHM,
+                max_pages: 16384,
+                used_pages: 16384,
+            }),
+        });
+    }
+    // A SIGBUS a process sends is no failure; it is kept aside.
+    evs.push(Event::Sigbus {
+        h: s.h(12, 10),
+        target: 12,
+        target_tid: 12,
+        si_code: 0,
+        si_errno: 0,
+        addr: Addr(0),
+        mount: None,
+    });
+    for w in [13, 11] {
+        evs.push(Event::Exit {
+            h: s.h(w, 10),
+            status: ExitStatus::from_kernel(7),
+        });
+    }
+    apply(&mut st, &mut host, &evs);
+    check("dataloader_sigbus", &st);
+}
+
+/// PyTorch 2.x: fallocate ENOSPC in a worker, then in the main process.
+#[test]
+fn golden_fallocate_enospc() {
+    let (mut st, mut host, mut s) = setup();
+    st.add_existing(&mut host, 10, 0, true);
+    let fork = s.h(10, 1);
+    let mut worker = s.h(11, 10);
+    worker.comm = "pt_data_worker".into();
+    let main = s.h(10, 1);
+    let evs = vec![
+        Event::Fork { h: fork, child: 11 },
+        enospc(
+            worker,
+            Syscall::Fallocate,
+            5,
+            32 * MIB,
+            file(100, "torch_11_1", 0, 0, 8192),
+        ),
+        enospc(
+            main,
+            Syscall::Write,
+            6,
+            512 * 1024,
+            file(101, "fill", 0, 0, 16384),
+        ),
+    ];
+    apply(&mut st, &mut host, &evs);
+    check("fallocate_enospc", &st);
+}
+
+/// Calls that fail for other reasons than a full /dev/shm: an mmap past
+/// RLIMIT_AS, an open at the inode limit, a file-size limit.
+#[test]
+fn golden_other_causes() {
+    let (mut st, mut host, mut s) = setup();
+    host.dirs.insert(21, "/dev/shm".into());
+    host.usage.get_mut(&SHM).unwrap().inodes_used = 1000;
+    host.limits.insert(
+        20,
+        Limits {
+            address_space: Some(256 * MIB),
+            vm_bytes: Some(250 * MIB),
+            ..Default::default()
+        },
+    );
+    let mmap = Event::SyscallFailed {
+        h: s.h(20, 1),
+        limits: Some(KernelLimits {
+            address_space: Some(256 * MIB),
+            vm_bytes: 250 * MIB,
+            map_count: 40,
+            ..Default::default()
+        }),
+        mnt_flags: 0,
+        errno: libc::ENOMEM,
+        call: FailedCall::OnFile {
+            syscall: Syscall::Mmap,
+            fd: 4,
+            offset: Some(0),
+            bytes: Some(16 * MIB),
+            prot: Some(3),
+            mountpoint: None,
+            file: file(200, "seg", 16 * MIB as i64, 0, 100),
+        },
+    };
+    let open = Event::SyscallFailed {
+        h: s.h(21, 1),
+        limits: None,
+        mnt_flags: 0,
+        errno: libc::ENOSPC,
+        call: FailedCall::Open {
+            syscall: Syscall::Openat,
+            dirfd: None,
+            path: "sem.lock".into(),
+        },
+    };
+    let efbig = Event::SyscallFailed {
+        h: s.h(22, 1),
+        limits: Some(KernelLimits {
+            file_size: Some(MIB),
+            ..Default::default()
+        }),
+        mnt_flags: 0,
+        errno: libc::EFBIG,
+        call: FailedCall::OnFile {
+            syscall: Syscall::Write,
+            fd: 3,
+            offset: Some(MIB),
+            bytes: Some(4096),
+            prot: None,
+            mountpoint: None,
+            file: file(201, "log", MIB as i64, MIB, 300),
+        },
+    };
+    apply(&mut st, &mut host, &[mmap, open, efbig]);
+    check("other_causes", &st);
+}
+
+/// The OOM killer takes a shm writer in a memory cgroup at its limit;
+/// a CUDA IPC call fails elsewhere.
+#[test]
+fn golden_oom_and_cuda() {
+    let (mut st, mut host, mut s) = setup();
+    host.memcgs
+        .insert(51, (2, "/kubepods/burstable/podabc/0123".into()));
+    host.memcg_stats.insert(
+        (2, "/kubepods/burstable/podabc/0123".into()),
+        Memcg {
+            version: 2,
+            path: "/kubepods/burstable/podabc/0123".into(),
+            limit_bytes: Some(48 * MIB),
+            usage_bytes: 48 * MIB,
+            shmem_bytes: Some(46 * MIB),
+        },
+    );
+    let evs = vec![
+        Event::Fork {
+            h: s.h(50, 1),
+            child: 51,
+        },
+        Event::OomVictim {
+            h: s.h(99, 1),
+            victim: 51,
+            shmem_rss: 40 * MIB,
+        },
+        Event::Exit {
+            h: s.h(51, 50),
+            status: ExitStatus::from_kernel(9),
+        },
+        Event::CudaIpcFailed {
+            h: s.h(60, 1),
+            call: CudaCall::GetMemHandle,
+            code: 2,
+        },
+    ];
+    apply(&mut st, &mut host, &evs);
+    check("oom_and_cuda", &st);
+}
+
+/// A segment removed by a cleanup job, then opened: found gone.
+#[test]
+fn golden_segment_gone() {
+    let (mut st, mut host, mut s) = setup();
+    let mut rm = s.h(77, 1);
+    rm.comm = "rm".into();
+    let unlink = Event::Unlinked {
+        h: rm,
+        path: "/dev/shm/psm_1".into(),
+        dirfd: None,
+        dir_dev: None,
+    };
+    let open = Event::SyscallFailed {
+        h: s.h(20, 1),
+        limits: None,
+        mnt_flags: 0,
+        errno: libc::ENOENT,
+        call: FailedCall::Open {
+            syscall: Syscall::Openat,
+            dirfd: None,
+            path: "/dev/shm/psm_1".into(),
+        },
+    };
+    let at = open.header().ts_ns;
+    apply(&mut st, &mut host, &[unlink, open]);
+    st.settle(&mut host, at + crate::state::missing::MISSING_GRACE_NS);
+    check("segment_gone", &st);
+}
