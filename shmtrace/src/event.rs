@@ -16,6 +16,13 @@ impl fmt::Display for Addr {
     }
 }
 
+/// In JSON as the kernel and gdb print it: "0x7f00...".
+impl serde::Serialize for Addr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// Kernel-encoded device number of a superblock (major << 20 | minor).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Dev(pub u32);
@@ -29,6 +36,13 @@ impl Dev {
 impl fmt::Display for Dev {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.0 >> 20, self.0 & 0xf_ffff)
+    }
+}
+
+/// In JSON as mountinfo prints it: "0:40".
+impl serde::Serialize for Dev {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -59,6 +73,12 @@ pub enum Syscall {
     Sendfile,
     Splice,
     CopyFileRange,
+}
+
+impl serde::Serialize for Syscall {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 impl Syscall {
@@ -356,12 +376,18 @@ pub enum Event {
 }
 
 /// The CUDA IPC calls shmtrace watches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CudaCall {
     GetMemHandle,
     OpenMemHandle,
     DriverGetMemHandle,
     DriverOpenMemHandle,
+}
+
+impl serde::Serialize for CudaCall {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 impl CudaCall {

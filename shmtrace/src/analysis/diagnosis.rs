@@ -11,7 +11,10 @@ use super::{
     users::User,
     words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
 };
-use crate::{state::procs::Proc, units::human_bytes};
+use crate::{
+    state::{failures::FailureKind, procs::Proc},
+    units::human_bytes,
+};
 
 const MIB: u64 = 1 << 20;
 /// Sizes are rounded up to this, the way people write --shm-size.
@@ -76,21 +79,21 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     let first = r.first_failure?;
     let user = pytorch_kind(r, User::recognize(r));
     let pytorch = user == User::PytorchDataLoader;
+    let kind = first.kind.name().replace('_', "-");
     let what = match (first.kind, first.syscall) {
-        ("sigbus", _) => "sigbus".to_string(),
-        ("oom_kill", _) => "oom-kill".to_string(),
-        (k, Some(sc)) => format!("{}-{sc}", k.replace('_', "-")),
-        (k, None) => k.replace('_', "-"),
+        (FailureKind::Sigbus | FailureKind::OomKill, _) | (_, None) => kind,
+        (_, Some(sc)) => format!("{kind}-{sc}"),
     };
     // A cause other than a full tmpfs is named by that cause.
-    let what = if first.reason.tmpfs_ran_out() || first.kind == "oom_kill" {
+    let what = if first.reason.tmpfs_ran_out() || first.kind == FailureKind::OomKill {
         what
     } else {
         first.reason.name().replace('_', "-")
     };
-    let signature = match first.kind {
-        "oom_kill" => format!("memcg:{what}"),
-        "cuda_ipc" => format!("cuda-ipc:{}", first.syscall.unwrap_or("call")),
+    let signature = match (first.kind, first.syscall) {
+        (FailureKind::OomKill, _) => format!("memcg:{what}"),
+        (FailureKind::CudaIpc, Some(call)) => format!("cuda-ipc:{call}"),
+        (FailureKind::CudaIpc, None) => "cuda-ipc:call".to_string(),
         _ => format!("{}:{what}", user.id()),
     };
     let proc_of = |pid: u32| r.processes.iter().find(|p| p.pid == pid);
@@ -129,7 +132,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             index_of(first.pid),
         )
     } else {
-        (user.message(first.kind, first.syscall), None)
+        (user.message(first.kind), None)
     };
 
     let left = leftovers(r);
@@ -145,7 +148,7 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         .unwrap_or(first.comm.as_str());
     let role = match index_of(first.pid) {
         // Consumers open segments; workers make them.
-        Some(i) if pytorch && first.kind != "enoent" => format!(
+        Some(i) if pytorch && first.kind != FailureKind::Enoent => format!(
             "DataLoader worker {i} ({})",
             shown_pid(first.pid, first.ns_pid, who)
         ),
@@ -159,29 +162,31 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         .unwrap_or_else(|| "/dev/shm".into());
     let ran_out = first.reason.tmpfs_ran_out();
     let mut summary = match first.kind {
-        _ if !ran_out && first.kind != "oom_kill" => format!(
+        _ if !ran_out && first.kind != FailureKind::OomKill => format!(
             "{role} was the first to fail: {}. /dev/shm did not run out{failed_at}: a bigger one would not help.",
             first.cause
         ),
-        "sigbus" => format!(
+        FailureKind::Sigbus => format!(
             "{role} was the first to fail: it touched a page of {} that {mp} could not allocate{failed_at}, and the kernel killed it with SIGBUS.",
             first.path.as_deref().unwrap_or("a shared-memory file")
         ),
-        "oom_kill" => match first.memcg.as_ref().and_then(|m| Some((m, m.limit_bytes?))) {
-            Some((m, limit)) => format!(
-                "{role} was killed by the OOM killer: its memory cgroup {} allows {}, and {} of the {} in use was shared memory, which counts against it. A bigger /dev/shm would not help.",
-                m.path,
-                human_bytes(limit),
-                human_bytes(m.shmem_bytes.unwrap_or(0)),
-                human_bytes(m.usage_bytes)
-            ),
-            None => format!(
-                "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."
-            ),
-        },
+        FailureKind::OomKill => {
+            match first.memcg.as_ref().and_then(|m| Some((m, m.limit_bytes?))) {
+                Some((m, limit)) => format!(
+                    "{role} was killed by the OOM killer: its memory cgroup {} allows {}, and {} of the {} in use was shared memory, which counts against it. A bigger /dev/shm would not help.",
+                    m.path,
+                    human_bytes(limit),
+                    human_bytes(m.shmem_bytes.unwrap_or(0)),
+                    human_bytes(m.usage_bytes)
+                ),
+                None => format!(
+                    "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."
+                ),
+            }
+        }
         _ => format!(
             "{role} was the first to fail: {}() on {} returned {}{failed_at}.",
-            first.syscall.unwrap_or("a syscall"),
+            first.syscall.map_or("a syscall", |s| s.name()),
             first.path.as_deref().unwrap_or("a shared-memory file"),
             first.errno_name.unwrap_or("an error")
         ),
@@ -290,7 +295,7 @@ pub(super) fn workers_allocating(r: &Scope) -> u64 {
     creators.extend(
         r.failures
             .iter()
-            .filter(|f| f.kind != "oom_kill")
+            .filter(|f| f.kind != FailureKind::OomKill)
             .map(|f| f.pid),
     );
     creators.len() as u64
@@ -304,7 +309,7 @@ pub(super) fn largest_segment(r: &Scope) -> u64 {
         .chain(
             r.failures
                 .iter()
-                .filter(|f| f.kind != "sigbus")
+                .filter(|f| f.kind != FailureKind::Sigbus)
                 .filter_map(|f| f.bytes),
         )
         .chain(std::iter::once(r.segments.max_bytes))
@@ -320,7 +325,7 @@ fn recommend(r: &Scope, pytorch: bool, leftover: u64) -> (Option<u64>, Option<St
     let Some(first) = r.first_failure else {
         return (None, None);
     };
-    if first.kind == "oom_kill" {
+    if first.kind == FailureKind::OomKill {
         return (
             None,
             Some("an OOM kill is a memory cgroup limit, not a /dev/shm size".into()),
@@ -351,7 +356,7 @@ fn recommend(r: &Scope, pytorch: bool, leftover: u64) -> (Option<u64>, Option<St
         .filter(|f| f.reason.tmpfs_ran_out() && seen.insert(f.pid))
     {
         unmet += match (f.kind, f.file_size, f.offset, f.bytes) {
-            ("sigbus", Some(sz), Some(off), _) => (sz.max(0) as u64).saturating_sub(off),
+            (FailureKind::Sigbus, Some(sz), Some(off), _) => (sz.max(0) as u64).saturating_sub(off),
             (_, _, _, Some(b)) => b,
             _ => 4096,
         };

@@ -248,7 +248,7 @@ fn leftovers_on(st: &State, dev: Dev) -> (u64, Vec<Leftover>) {
         .files
         .files
         .values()
-        .filter(|f| f.kdev == dev && !f.unlinked && f.allocated_bytes > 0)
+        .filter(|f| f.dev == dev && !f.unlinked && f.allocated_bytes > 0)
         .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
         .filter_map(|f| {
             let p = st.procs.get(f.creator?)?;

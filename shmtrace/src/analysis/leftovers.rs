@@ -2,7 +2,10 @@
 //! left behind by exited processes, and the memory cgroup that caps it.
 
 use crate::{
-    state::{failures::Failure, files::FileState},
+    state::{
+        failures::{Failure, FailureKind},
+        files::FileState,
+    },
     units::human_bytes,
 };
 
@@ -12,7 +15,7 @@ use super::scope::Scope;
 /// recommended size) larger than what the cgroup leaves for shared memory
 /// cannot be filled; the cgroup's OOM killer strikes first.
 pub(super) fn memory_headroom(first: &Failure, recommended: Option<u64>) -> Option<String> {
-    if first.kind == "oom_kill" {
+    if first.kind == FailureKind::OomKill {
         return None;
     }
     let m = first.memcg.as_ref()?;
@@ -41,7 +44,7 @@ pub(super) fn leftovers<'a>(r: &Scope<'a>) -> Vec<&'a FileState> {
         .files
         .iter()
         .copied()
-        .filter(|f| Some(f.kdev) == first.kdev && !f.unlinked && f.allocated_bytes > 0)
+        .filter(|f| Some(f.dev) == first.dev && !f.unlinked && f.allocated_bytes > 0)
         .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
         .filter(|f| {
             let creator = f

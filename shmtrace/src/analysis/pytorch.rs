@@ -7,7 +7,14 @@ use super::{
     users::User,
     words::human_mib,
 };
-use crate::{state::procs::Proc, units::human_bytes};
+use crate::{
+    event::Syscall,
+    state::{
+        failures::{FailureKind, Op},
+        procs::Proc,
+    },
+    units::human_bytes,
+};
 
 /// What a DataLoader keeps in /dev/shm at most: (workers x prefetch_factor
 /// + 2) batches of the largest segment.
@@ -35,7 +42,7 @@ pub(super) fn pytorch_kind(r: &Scope, user: User) -> User {
     };
     // A segment found gone fails in its consumer, never in a worker: with
     // no worker by name, nothing says DataLoader.
-    if first.kind == "enoent" {
+    if first.kind == FailureKind::Enoent {
         return User::PytorchMultiprocessing;
     }
     let in_flight = dataloader_in_flight(r);
@@ -43,7 +50,7 @@ pub(super) fn pytorch_kind(r: &Scope, user: User) -> User {
         .holders
         .iter()
         .any(|h| h.pid != first.pid && in_flight > 0 && h.held_bytes > in_flight);
-    if keeps || first.syscall == Some("fallocate") {
+    if keeps || first.syscall_is(Syscall::Fallocate) {
         User::PytorchMultiprocessing
     } else {
         user
@@ -53,17 +60,22 @@ pub(super) fn pytorch_kind(r: &Scope, user: User) -> User {
 pub(super) fn pytorch_messages(
     r: &Scope,
     first: u32,
-    kind: &str,
-    syscall: Option<&str>,
+    kind: FailureKind,
+    syscall: Option<Op>,
     workers: &[&Proc],
     first_index: Option<usize>,
 ) -> (Option<String>, Option<String>) {
-    match (kind, syscall) {
-        ("sigbus", _) => {
+    use FailureKind::{Enoent, Enospc, MmapError, Sigbus};
+    let sc = match syscall {
+        Some(Op::Syscall(sc)) => Some(sc),
+        _ => None,
+    };
+    match (kind, sc) {
+        (Sigbus, _) => {
             let mut dead: Vec<u32> = r
                 .failures
                 .iter()
-                .filter(|f| f.kind == "sigbus")
+                .filter(|f| f.kind == Sigbus)
                 .map(|f| f.pid)
                 .filter(|pid| r.processes.iter().any(|p| p.pid == *pid && p.exit_signal == Some(7)))
                 .collect();
@@ -89,8 +101,8 @@ pub(super) fn pytorch_messages(
             });
             (Some(msg), wrong)
         }
-        ("enospc", Some("fallocate")) | ("enospc", Some("write")) | ("enospc", Some("pwrite64")) => {
-            let verb = if syscall == Some("fallocate") { "allocate shared memory(shm) for" } else { "write to" };
+        (Enospc, Some(Syscall::Fallocate | Syscall::Write | Syscall::Pwrite64)) => {
+            let verb = if sc == Some(Syscall::Fallocate) { "allocate shared memory(shm) for" } else { "write to" };
             let msg = format!(
                 "RuntimeError: Caught RuntimeError in DataLoader worker process K. ... unable to {verb} file </torch_...>: No space left on device (28)"
             );
@@ -102,12 +114,12 @@ pub(super) fn pytorch_messages(
             });
             (Some(msg), wrong)
         }
-        ("mmap_error", _) => (
+        (MmapError, _) => (
             Some("RuntimeError: unable to mmap N bytes from file </torch_...>: Cannot allocate memory (12)".into()),
             None,
         ),
-        ("enospc", Some("openat")) => (Some("OSError: [Errno 28] No space left on device".into()), None),
-        ("enoent", _) => (Some(TORCH_GONE.into()), None),
+        (Enospc, Some(Syscall::Openat)) => (Some("OSError: [Errno 28] No space left on device".into()), None),
+        (Enoent, _) => (Some(TORCH_GONE.into()), None),
         _ => (None, None),
     }
 }

@@ -42,7 +42,7 @@ impl<'a> Scope<'a> {
         let failures: Vec<&Failure> = f.failures.iter().filter(|x| x.incident == id).collect();
         let first = failures.first().copied();
         let ns = first.map(|x| x.mnt_ns);
-        let dev = first.and_then(|x| x.kdev);
+        let dev = first.and_then(|x| x.dev);
         Self {
             first_failure: first,
             processes: f
@@ -50,7 +50,7 @@ impl<'a> Scope<'a> {
                 .iter()
                 .filter(|p| Some(p.mnt_ns) == ns)
                 .collect(),
-            files: f.files.iter().filter(|x| Some(x.kdev) == dev).collect(),
+            files: f.files.iter().filter(|x| Some(x.dev) == dev).collect(),
             segments: &f.segments,
             container: first.and_then(|x| x.container.as_ref()),
             failures,

@@ -4,6 +4,7 @@
 //! when /dev/shm runs out, and the settings that make it need less.
 
 use super::scope::Scope;
+use crate::state::failures::FailureKind;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum User {
@@ -118,53 +119,52 @@ impl User {
 
     /// What the library prints (or how the process dies) for this failure.
     /// PyTorch's is in `diagnosis`, which knows its workers.
-    pub fn message(self, kind: &str, syscall: Option<&str>) -> Option<String> {
-        let m = match (self, kind, syscall) {
-            (User::PytorchMultiprocessing, "enospc", _) => {
+    pub fn message(self, kind: FailureKind) -> Option<String> {
+        use FailureKind::{Enoent, Enospc, Sigbus};
+        let m = match (self, kind) {
+            (User::PytorchMultiprocessing, Enospc) => {
                 "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: No space \
                  left on device (28), in the producer's Queue feeder thread: the tensor is dropped \
                  and the consumer waits for it"
             }
-            (User::PytorchMultiprocessing, "sigbus", _) => {
+            (User::PytorchMultiprocessing, Sigbus) => {
                 "the producer dies of SIGBUS ('Bus error') while moving a tensor into shared \
                  memory (share_memory_() or Queue.put); the consumer waits for it or times out"
             }
-            (User::PythonSharedMemory, "sigbus", _) => {
+            (User::PythonSharedMemory, Sigbus) => {
                 "the process dies of SIGBUS: a shell prints 'Bus error (core dumped)', \
                  multiprocessing reports exitcode -7, a ProcessPoolExecutor raises \
                  BrokenProcessPool ('A process in the process pool was terminated abruptly')"
             }
-            (User::PythonSharedMemory, "enospc", _) => {
-                "OSError: [Errno 28] No space left on device"
-            }
-            (User::Nccl, "enospc", _) => {
+            (User::PythonSharedMemory, Enospc) => "OSError: [Errno 28] No space left on device",
+            (User::Nccl, Enospc) => {
                 "NCCL WARN Error: failed to extend /dev/shm/nccl-XXXXXX to N bytes, then \
                  'NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)' \
                  (ncclSystemError) in every rank"
             }
-            (User::Nccl, "sigbus", _) => {
+            (User::Nccl, Sigbus) => {
                 "the rank dies of SIGBUS ('Bus error'); torch.distributed then reports the \
                  other ranks' collective timeouts, not the cause"
             }
-            (User::RayObjectStore, "sigbus", _) => {
+            (User::RayObjectStore, Sigbus) => {
                 "the raylet (it hosts the object store) dies of SIGBUS: workers report \
                  'The object store process exited unexpectedly' or RayletDiedError, and \
                  tasks fail with ObjectLostError"
             }
-            (User::RayObjectStore, "enospc", _) => {
+            (User::RayObjectStore, Enospc) => {
                 "the object store cannot create its backing file: Ray warns that /dev/shm is \
                  too small and the raylet fails to start"
             }
-            (User::PytorchMultiprocessing, "enoent", _) => super::pytorch::TORCH_GONE,
-            (User::PythonSharedMemory, "enoent", _) => {
+            (User::PytorchMultiprocessing, Enoent) => super::pytorch::TORCH_GONE,
+            (User::PythonSharedMemory, Enoent) => {
                 "FileNotFoundError: [Errno 2] No such file or directory: '/psm_...' (from \
                  SharedMemory(name=...))"
             }
-            (User::RayObjectStore, "enoent", _) => {
+            (User::RayObjectStore, Enoent) => {
                 "the plasma store's backing file is gone: workers fail to map objects \
                  (ObjectLostError)"
             }
-            (User::PosixSemaphore, "enospc", _) => {
+            (User::PosixSemaphore, Enospc) => {
                 "sem_open: No space left on device (Python: OSError: [Errno 28] from \
                  multiprocessing.Lock/Queue/SemLock)"
             }
@@ -244,18 +244,18 @@ mod tests {
     #[test]
     fn each_library_says_what_it_prints_and_how_to_need_less() {
         for u in [User::PythonSharedMemory, User::Nccl, User::RayObjectStore] {
-            assert!(u.message("sigbus", None).is_some(), "{u:?}");
+            assert!(u.message(FailureKind::Sigbus).is_some(), "{u:?}");
             assert!(u.knobs().is_some(), "{u:?}");
             assert!(u.name().is_some());
         }
         assert!(
             User::Nccl
-                .message("enospc", Some("fallocate"))
+                .message(FailureKind::Enospc)
                 .unwrap()
                 .contains("NCCL")
         );
         assert!(User::Nccl.knobs().unwrap().contains("NCCL_SHM_DISABLE=1"));
         assert_eq!(User::Unknown.id(), "shm");
-        assert!(User::Unknown.message("sigbus", None).is_none());
+        assert!(User::Unknown.message(FailureKind::Sigbus).is_none());
     }
 }

@@ -170,7 +170,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     for m in st.mount_stats.by_dev.values() {
         let labels = MountLabels {
             mountpoint: m.mountpoint.clone().unwrap_or_default(),
-            dev: m.dev.clone(),
+            dev: m.dev.to_string(),
             pod: pod(ns_container.get(&m.view_ns).copied().flatten(), keep),
         };
         if let Some(v) = m.size_bytes {

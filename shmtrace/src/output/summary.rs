@@ -2,7 +2,12 @@
 
 use std::fmt::Write as _;
 
-use crate::{analysis::Report, signals, state::failures::Failure, units::human_bytes};
+use crate::{
+    analysis::Report,
+    signals,
+    state::failures::{Failure, FailureKind, UsageSource},
+    units::human_bytes,
+};
 
 const MAX_COLLATERAL: usize = 10;
 
@@ -72,7 +77,7 @@ pub fn render(r: &Report) -> String {
             .unwrap_or_else(|| "(internal shmem)".into());
         match (m.size_bytes, m.used_bytes) {
             (Some(size), Some(used)) if size > 0 => {
-                let when = if m.source == "kernel" {
+                let when = if m.source == UsageSource::Kernel {
                     "at that moment"
                 } else {
                     "just after"
@@ -331,17 +336,17 @@ fn what(f: &Failure) -> String {
         ""
     };
     match f.kind {
-        "sigbus" => format!(
+        FailureKind::Sigbus => format!(
             "SIGBUS ({}) on a page of {path}{deleted} at offset {} ({}), address {}",
             f.si_code_name.unwrap_or("?"),
             f.offset.map(human_bytes).unwrap_or("?".into()),
             f.offset.map(|o| o.to_string()).unwrap_or_default(),
-            f.fault_addr.clone().unwrap_or_default()
+            f.fault_addr.map(|a| a.to_string()).unwrap_or_default()
         ),
-        "oom_kill" => "killed by the OOM killer".into(),
-        "cuda_ipc" => format!("a CUDA IPC call failed: {}", f.cause),
+        FailureKind::OomKill => "killed by the OOM killer".into(),
+        FailureKind::CudaIpc => format!("a CUDA IPC call failed: {}", f.cause),
         _ => {
-            let sc = f.syscall.unwrap_or("?");
+            let sc = f.syscall.map_or("?", |s| s.name());
             let err = format!(
                 "{} ({})",
                 f.errno_name.unwrap_or("?"),

@@ -6,7 +6,7 @@
 use super::{
     PAGE, State,
     causes::{self, Call, Reason},
-    failures::{MountAtFailure, OtherSignal},
+    failures::{FailureKind, MountAtFailure, NotShm, Op, OtherSignal},
     mappings::Mapping,
 };
 use crate::{
@@ -19,8 +19,6 @@ use crate::{
 const BUS_ADRERR: i32 = 2;
 const BUS_MCEERR_AR: i32 = 4;
 const BUS_MCEERR_AO: i32 = 5;
-const ENOSPC: i32 = libc::ENOSPC;
-const EDQUOT: i32 = libc::EDQUOT;
 const EFBIG: i32 = libc::EFBIG;
 const ENOMEM: i32 = libc::ENOMEM;
 
@@ -46,7 +44,7 @@ impl State {
             sender_pid: h.pid,
             si_code: code,
             si_code_name: signals::sigbus_code_name(code),
-            fault_addr: addr.to_string(),
+            fault_addr: addr,
             reason,
             count: 1,
             last_ts_ns: h.ts_ns,
@@ -56,11 +54,9 @@ impl State {
             // (PyTorch's worker handler does) or kill -BUS.
             if h.pid == target {
                 self.procs.reraised_sigbus(target);
-                self.failures.not_shm(other(
-                    "raised by the process itself (a handler re-raising it)",
-                ));
+                self.failures.not_shm(other(NotShm::RaisedBySelf));
             } else {
-                self.failures.not_shm(other("sent by another process"));
+                self.failures.not_shm(other(NotShm::SentByOther));
             }
             return;
         }
@@ -78,8 +74,7 @@ impl State {
                 .map(Mapping::from)
         });
         let Some(m) = mapping else {
-            self.failures
-                .not_shm(other("fault address is not in a tmpfs mapping"));
+            self.failures.not_shm(other(NotShm::NotTmpfsMapping));
             return;
         };
         let offset = m.offset_of(addr);
@@ -92,9 +87,7 @@ impl State {
             .or_else(|| self.sizes.get(&(m.dev, m.ino)).copied())
             .unwrap_or(m.size);
         if size >= 0 && offset >= size as u64 {
-            self.failures.not_shm(other(
-                "access beyond the end of a tmpfs file (truncated), not a full tmpfs",
-            ));
+            self.failures.not_shm(other(NotShm::PastEnd));
             return;
         }
         let at = self.mount_state(host, m.dev, h.mnt_ns, target, *mount);
@@ -115,13 +108,13 @@ impl State {
             format!("{} on a tmpfs mapping", signals::sigbus_code_name(code))
         };
         let path = self.file_path(host, m.dev, m.name.as_deref(), h);
-        let mut f = self.base_failure("sigbus", h, target, target_tid);
+        let mut f = self.base_failure(FailureKind::Sigbus, h, target, target_tid);
         f.signal = Some(libc::SIGBUS);
         f.si_code = Some(code);
         f.si_code_name = Some(signals::sigbus_code_name(code));
-        f.fault_addr = Some(addr.to_string());
+        f.fault_addr = Some(addr);
         f.path = path;
-        f.kdev = Some(m.dev);
+        f.dev = Some(m.dev);
         f.ino = Some(m.ino);
         f.offset = Some(offset);
         f.bytes = Some(PAGE);
@@ -145,16 +138,7 @@ impl State {
         };
         let errno = *errno;
         let sc = call.syscall().name();
-        let errno_kind = match errno {
-            ENOSPC => "enospc",
-            EDQUOT => "edquot",
-            EFBIG => "efbig",
-            ENOMEM => "enomem",
-            libc::EMFILE => "emfile",
-            libc::ENFILE => "enfile",
-            libc::ENOENT => "enoent",
-            _ => "error",
-        };
+        let errno_kind = FailureKind::of_errno(errno);
         // Limits are read only for the errnos whose cause they tell.
         // What the kernel read at the failure wins; /proc adds the rest
         // (while the process lives).
@@ -188,7 +172,7 @@ impl State {
                 })
             };
         let mut f = self.base_failure(errno_kind, h, h.pid, h.tid);
-        f.syscall = Some(sc);
+        f.syscall = Some(Op::Syscall(call.syscall()));
         f.errno = Some(errno);
         f.errno_name = Some(signals::errno_name(errno));
         match call {
@@ -201,7 +185,7 @@ impl State {
                     return; // not under a tmpfs mount: not a shm failure
                 };
                 f.path = Some(path);
-                f.kdev = Some(mount);
+                f.dev = Some(mount);
                 f.mount = self.mount_state(host, mount, h.mnt_ns, h.pid, None);
                 if errno == libc::ENOENT {
                     self.on_missing(host, f, raw);
@@ -232,9 +216,9 @@ impl State {
                 let Some(m) = self.maps.find(h.pid, *old_addr).cloned() else {
                     return;
                 };
-                f.kind = "mremap_error";
+                f.kind = FailureKind::MremapError;
                 f.path = self.file_path(host, m.dev, m.name.as_deref(), h);
-                f.kdev = Some(m.dev);
+                f.dev = Some(m.dev);
                 f.ino = Some(m.ino);
                 f.offset = Some(m.offset_of(*old_addr));
                 f.bytes = Some(*new_len);
@@ -262,11 +246,11 @@ impl State {
                 ..
             } => {
                 if *syscall == Syscall::Mmap {
-                    f.kind = "mmap_error";
+                    f.kind = FailureKind::MmapError;
                 }
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
                 f.path = self.file_path(host, file.dev, file.name.as_deref(), h);
-                f.kdev = Some(file.dev);
+                f.dev = Some(file.dev);
                 f.ino = Some(file.ino);
                 f.offset = *offset;
                 f.bytes = *bytes;
@@ -346,7 +330,7 @@ impl State {
         } else {
             String::new()
         };
-        let mut f = self.base_failure("oom_kill", h, *victim, *victim);
+        let mut f = self.base_failure(FailureKind::OomKill, h, *victim, *victim);
         f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
         // Read now: the victim is on its way out.
         f.memcg = self.memcg_now(host, *victim);
@@ -372,9 +356,9 @@ impl State {
         let Event::CudaIpcFailed { h, call, code } = ev else {
             return;
         };
-        let mut f = self.base_failure("cuda_ipc", h, h.pid, h.tid);
+        let mut f = self.base_failure(FailureKind::CudaIpc, h, h.pid, h.tid);
         let error = call.error_name(*code);
-        f.syscall = Some(call.name());
+        f.syscall = Some(Op::Cuda(*call));
         f.cause = format!("{}() returned {code} ({error})", call.name());
         f.reason = Reason::CudaIpc;
         f.fix = Some(super::causes::cuda_fix(*call, &error));

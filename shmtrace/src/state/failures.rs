@@ -6,13 +6,154 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::{
-    event::{Addr, Dev},
+    event::{Addr, CudaCall, Dev, Syscall},
     state::{
         causes::{Limit, Reason},
         containers::Container,
         procs::Ancestor,
     },
 };
+
+/// What failed, by family: the errno of a failed call, a SIGBUS on a tmpfs
+/// page, an mmap/mremap refused, an OOM kill, a CUDA IPC error. JSON
+/// `kind`, in snake case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    #[default]
+    Sigbus,
+    Enospc,
+    Edquot,
+    Efbig,
+    Enomem,
+    Emfile,
+    Enfile,
+    Enoent,
+    /// Another errno.
+    Error,
+    MmapError,
+    MremapError,
+    OomKill,
+    CudaIpc,
+}
+
+impl FailureKind {
+    /// The JSON name: "sigbus", "enospc", "mmap_error", "oom_kill"...
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sigbus => "sigbus",
+            Self::Enospc => "enospc",
+            Self::Edquot => "edquot",
+            Self::Efbig => "efbig",
+            Self::Enomem => "enomem",
+            Self::Emfile => "emfile",
+            Self::Enfile => "enfile",
+            Self::Enoent => "enoent",
+            Self::Error => "error",
+            Self::MmapError => "mmap_error",
+            Self::MremapError => "mremap_error",
+            Self::OomKill => "oom_kill",
+            Self::CudaIpc => "cuda_ipc",
+        }
+    }
+
+    /// The kind of a call that failed with `errno` (mmap and mremap are
+    /// told apart by the caller).
+    pub fn of_errno(errno: i32) -> Self {
+        match errno {
+            libc::ENOSPC => Self::Enospc,
+            libc::EDQUOT => Self::Edquot,
+            libc::EFBIG => Self::Efbig,
+            libc::ENOMEM => Self::Enomem,
+            libc::EMFILE => Self::Emfile,
+            libc::ENFILE => Self::Enfile,
+            libc::ENOENT => Self::Enoent,
+            _ => Self::Error,
+        }
+    }
+}
+
+impl Serialize for FailureKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The call that failed: a syscall, or a CUDA IPC function (JSON
+/// `syscall`, by name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Syscall(Syscall),
+    Cuda(CudaCall),
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Syscall(s) => s.name(),
+            Self::Cuda(c) => c.name(),
+        }
+    }
+}
+
+impl Serialize for Op {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// Where a mount's use at a failure came from (JSON `source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageSource {
+    /// The superblock's counters, read in the kernel at the event.
+    Kernel,
+    /// Measured by user space right after it.
+    Statfs,
+    /// Unknown.
+    None,
+}
+
+/// Why a SIGBUS was no shared-memory failure (JSON `reason` of
+/// `other_sigbus`, in words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NotShm {
+    /// A handler re-raising it (PyTorch's worker handler does).
+    RaisedBySelf,
+    /// kill -BUS from another process.
+    SentByOther,
+    NotTmpfsMapping,
+    /// Beyond the end of a truncated tmpfs file.
+    PastEnd,
+}
+
+impl NotShm {
+    pub fn words(self) -> &'static str {
+        match self {
+            Self::RaisedBySelf => "raised by the process itself (a handler re-raising it)",
+            Self::SentByOther => "sent by another process",
+            Self::NotTmpfsMapping => "fault address is not in a tmpfs mapping",
+            Self::PastEnd => "access beyond the end of a tmpfs file (truncated), not a full tmpfs",
+        }
+    }
+}
+
+impl Serialize for NotShm {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.words())
+    }
+}
 
 /// A tmpfs mount as it stood when a failure happened.
 #[derive(Clone, Debug, Serialize)]
@@ -22,16 +163,14 @@ pub struct MountAtFailure {
     /// Where the host has it, when that differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_mountpoint: Option<String>,
-    pub dev: String,
+    pub dev: Dev,
     pub mount_ns: u32,
     pub size_bytes: Option<u64>,
     pub used_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
     pub inodes: Option<u64>,
     pub inodes_used: Option<u64>,
-    /// "kernel": the superblock's counters, read in the kernel at the event;
-    /// "statfs": measured by user space right after it; "none": unknown.
-    pub source: &'static str,
+    pub source: UsageSource,
 }
 
 /// A file on a failing mount that no traced process was seen to make (it
@@ -67,24 +206,20 @@ pub struct Failure {
     pub tid: u32,
     pub ppid: u32,
     pub comm: String,
-    /// sigbus, enospc, edquot, efbig, enomem, enoent, mmap_error, mremap_error,
-    /// oom_kill, cuda_ipc
-    pub kind: &'static str,
-    pub syscall: Option<&'static str>,
+    pub kind: FailureKind,
+    pub syscall: Option<Op>,
     pub errno: Option<i32>,
     pub errno_name: Option<&'static str>,
     pub signal: Option<i32>,
     pub si_code: Option<i32>,
     pub si_code_name: Option<&'static str>,
-    pub fault_addr: Option<String>,
+    pub fault_addr: Option<Addr>,
     /// As the failing process sees it (`/dev/shm/...` in a container).
     pub path: Option<String>,
     /// The same file from the host, when that differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
-    pub dev: Option<String>,
-    #[serde(skip)]
-    pub kdev: Option<Dev>,
+    pub dev: Option<Dev>,
     pub ino: Option<u64>,
     pub offset: Option<u64>,
     pub bytes: Option<u64>,
@@ -142,8 +277,13 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Failure {
+    /// Whether the call that failed was `sc`.
+    pub fn syscall_is(&self, sc: Syscall) -> bool {
+        self.syscall == Some(Op::Syscall(sc))
+    }
+
     /// A failure of `kind` by `pid` at `ts_ns`, every detail still unknown.
-    pub fn new(kind: &'static str, ts_ns: u64, pid: u32, tid: u32) -> Self {
+    pub fn new(kind: FailureKind, ts_ns: u64, pid: u32, tid: u32) -> Self {
         Self {
             ts_ns,
             pid,
@@ -164,8 +304,8 @@ pub struct OtherSignal {
     pub si_code: i32,
     pub si_code_name: &'static str,
     /// The first one's fault address.
-    pub fault_addr: String,
-    pub reason: &'static str,
+    pub fault_addr: Addr,
+    pub reason: NotShm,
     /// How many such signals came (same target, sender, si_code and
     /// reason), and when the last did.
     pub count: u64,
@@ -178,15 +318,8 @@ pub const MAX_FAILURES: usize = 1000;
 pub const MAX_OTHER: usize = 256;
 
 /// What makes two failures "the same failure again".
-type FailureKey = (
-    u64,
-    u32,
-    &'static str,
-    Option<&'static str>,
-    Option<i32>,
-    Option<Dev>,
-);
-type OtherKey = (u32, u32, i32, &'static str);
+type FailureKey = (u64, u32, FailureKind, Option<Op>, Option<i32>, Option<Dev>);
+type OtherKey = (u32, u32, i32, NotShm);
 
 #[derive(Default)]
 pub struct Failures {
@@ -227,7 +360,7 @@ impl Failures {
         if self.repeated(&f) {
             return;
         }
-        if let (Some(m), Some(dev)) = (&f.mount, f.kdev) {
+        if let (Some(m), Some(dev)) = (&f.mount, f.dev) {
             self.touched.entry(dev).or_insert_with(|| m.clone());
         }
         if self.list.len() >= MAX_FAILURES {
@@ -257,12 +390,11 @@ impl Failures {
     /// access fault again: counted on the failure it repeats. Returns
     /// whether it was one.
     pub fn refaulted(&mut self, tid: u32, addr: Addr) -> bool {
-        let addr = addr.to_string();
         match self
             .list
             .iter_mut()
             .rev()
-            .find(|f| f.kind == "sigbus" && f.tid == tid && f.fault_addr.as_deref() == Some(&addr))
+            .find(|f| f.kind == FailureKind::Sigbus && f.tid == tid && f.fault_addr == Some(addr))
         {
             Some(f) => {
                 f.refaults += 1;
@@ -317,7 +449,7 @@ impl Failures {
 }
 
 fn key(f: &Failure) -> FailureKey {
-    (f.incident, f.pid, f.kind, f.syscall, f.errno, f.kdev)
+    (f.incident, f.pid, f.kind, f.syscall, f.errno, f.dev)
 }
 
 #[cfg(test)]
@@ -328,25 +460,25 @@ mod tests {
         MountAtFailure {
             mountpoint: Some("/dev/shm".into()),
             host_mountpoint: None,
-            dev: Dev(dev).to_string(),
+            dev: Dev(dev),
             mount_ns: 1,
             size_bytes: Some(100),
             used_bytes: Some(used),
             free_bytes: Some(100 - used),
             inodes: None,
             inodes_used: None,
-            source: "kernel",
+            source: UsageSource::Kernel,
         }
     }
 
     #[test]
     fn ordered_by_kernel_time_and_first_mount_state_kept() {
         let mut fs = Failures::default();
-        let mut late = Failure::new("sigbus", 300, 2, 2);
-        late.kdev = Some(Dev(40));
+        let mut late = Failure::new(FailureKind::Sigbus, 300, 2, 2);
+        late.dev = Some(Dev(40));
         late.mount = Some(at(40, 99));
-        let mut early = Failure::new("enospc", 100, 3, 3);
-        early.kdev = Some(Dev(40));
+        let mut early = Failure::new(FailureKind::Enospc, 100, 3, 3);
+        early.dev = Some(Dev(40));
         early.mount = Some(at(40, 90));
         assert!(fs.is_first_on(Dev(40)));
         fs.recorded(late);
@@ -365,16 +497,21 @@ mod tests {
     fn repeats_count_on_the_first_and_lists_are_capped() {
         let mut fs = Failures::default();
         for i in 0..5u64 {
-            let mut f = Failure::new("enospc", 10 + i, 7, 7);
-            f.syscall = Some("fallocate");
+            let mut f = Failure::new(FailureKind::Enospc, 10 + i, 7, 7);
+            f.syscall = Some(Op::Syscall(Syscall::Fallocate));
             f.errno = Some(28);
-            f.kdev = Some(Dev(40));
+            f.dev = Some(Dev(40));
             fs.recorded(f);
         }
         assert_eq!(fs.len(), 1);
         assert_eq!((fs.all()[0].repeats, fs.all()[0].last_ts_ns), (4, Some(14)));
         for pid in 0..(MAX_FAILURES as u32 + 10) {
-            fs.recorded(Failure::new("sigbus", 100, 1000 + pid, 1000 + pid));
+            fs.recorded(Failure::new(
+                FailureKind::Sigbus,
+                100,
+                1000 + pid,
+                1000 + pid,
+            ));
         }
         assert_eq!((fs.len(), fs.dropped), (MAX_FAILURES, 11));
         let sig = |ts, sender, reason| OtherSignal {
@@ -384,22 +521,22 @@ mod tests {
             sender_pid: sender,
             si_code: 0,
             si_code_name: "SI_USER",
-            fault_addr: "0x0".into(),
+            fault_addr: Addr(0),
             reason,
             count: 1,
             last_ts_ns: ts,
         };
         for ts in 0..100_000 {
-            fs.not_shm(sig(ts, 9, "raised"));
+            fs.not_shm(sig(ts, 9, NotShm::RaisedBySelf));
         }
-        fs.not_shm(sig(5, 1, "sent"));
+        fs.not_shm(sig(5, 1, NotShm::SentByOther));
         assert_eq!(fs.other().len(), 2);
         assert_eq!(
             (fs.other()[0].count, fs.other()[0].last_ts_ns),
             (100_000, 99_999)
         );
         for sender in 0..(MAX_OTHER as u32 * 2) {
-            fs.not_shm(sig(1, 100 + sender, "sent"));
+            fs.not_shm(sig(1, 100 + sender, NotShm::SentByOther));
         }
         assert_eq!(fs.other().len(), MAX_OTHER);
         assert!(fs.other_dropped > 0);
@@ -408,8 +545,8 @@ mod tests {
     #[test]
     fn a_refault_is_counted_not_listed() {
         let mut fs = Failures::default();
-        let mut f = Failure::new("sigbus", 1, 5, 6);
-        f.fault_addr = Some(Addr(0x1000).to_string());
+        let mut f = Failure::new(FailureKind::Sigbus, 1, 5, 6);
+        f.fault_addr = Some(Addr(0x1000));
         fs.recorded(f);
         assert!(fs.refaulted(6, Addr(0x1000)));
         assert!(!fs.refaulted(6, Addr(0x2000)));

@@ -28,9 +28,7 @@ pub enum Via {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct FileState {
-    pub dev: String,
-    #[serde(skip)]
-    pub kdev: Dev,
+    pub dev: Dev,
     pub ino: u64,
     /// Name as the kernel or /proc gave it (escaped).
     pub name: Option<String>,
@@ -49,10 +47,9 @@ pub struct FileState {
 }
 
 impl FileState {
-    fn new(kdev: Dev, ino: u64) -> Self {
+    fn new(dev: Dev, ino: u64) -> Self {
         Self {
-            dev: kdev.to_string(),
-            kdev,
+            dev,
             ino,
             name: None,
             size: 0,
@@ -248,9 +245,9 @@ impl Files {
         self.fd_index.retain(|_, key| files.contains_key(key));
     }
 
-    /// The tmpfs `kdev` is gone (its namespace was let go): drop its files.
-    pub fn forget_dev(&mut self, kdev: Dev) {
-        self.files.retain(|_, f| f.kdev != kdev);
+    /// The tmpfs `dev` is gone (its namespace was let go): drop its files.
+    pub fn forget_dev(&mut self, dev: Dev) {
+        self.files.retain(|_, f| f.dev != dev);
         let files = &self.files;
         self.fd_index.retain(|_, key| files.contains_key(key));
     }
@@ -371,11 +368,11 @@ impl Files {
             .sum()
     }
 
-    /// Processes holding files on tmpfs `kdev`, with the bytes each holds
+    /// Processes holding files on tmpfs `dev`, with the bytes each holds
     /// there, largest first.
-    pub fn holders_on(&self, kdev: Dev) -> Vec<(u32, u64)> {
+    pub fn holders_on(&self, dev: Dev) -> Vec<(u32, u64)> {
         let mut by: BTreeMap<u32, u64> = BTreeMap::new();
-        for f in self.files.values().filter(|f| f.kdev == kdev) {
+        for f in self.files.values().filter(|f| f.dev == dev) {
             for pid in f.holders() {
                 *by.entry(pid).or_default() += f.allocated_bytes;
             }
@@ -385,17 +382,17 @@ impl Files {
         v
     }
 
-    /// Bytes of tracked files on tmpfs `kdev`.
-    pub fn bytes_on(&self, kdev: Dev) -> u64 {
+    /// Bytes of tracked files on tmpfs `dev`.
+    pub fn bytes_on(&self, dev: Dev) -> u64 {
         self.files
             .values()
-            .filter(|f| f.kdev == kdev)
+            .filter(|f| f.dev == dev)
             .map(|f| f.allocated_bytes)
             .sum()
     }
 
     pub fn devs(&self) -> BTreeSet<Dev> {
-        self.files.values().map(|f| f.kdev).collect()
+        self.files.values().map(|f| f.dev).collect()
     }
 }
 

@@ -34,7 +34,7 @@ impl State {
             .files
             .files
             .values()
-            .filter(|f| f.kdev == dev && f.allocated_bytes > 0)
+            .filter(|f| f.dev == dev && f.allocated_bytes > 0)
             .flat_map(|f| {
                 f.allocated_by
                     .iter()

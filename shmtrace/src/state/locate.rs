@@ -5,7 +5,7 @@
 
 use super::{
     PAGE, State,
-    failures::{MountAtFailure, Stray},
+    failures::{MountAtFailure, Stray, UsageSource},
 };
 use crate::{
     event::{Dev, Header, MountPages},
@@ -83,14 +83,14 @@ impl State {
                 .map(crate::escape::str)
                 .or_else(|| self.mounts.kernel_mountpoint(dev).map(String::from)),
             host_mountpoint,
-            dev: dev.to_string(),
+            dev,
             mount_ns: ns,
             size_bytes: None,
             used_bytes: None,
             free_bytes: None,
             inodes: None,
             inodes_used: None,
-            source: "none",
+            source: UsageSource::None,
         };
         if let Some(mp) = &mountpoint {
             let mut via = vec![pid];
@@ -101,7 +101,7 @@ impl State {
                 out.free_bytes = Some(u.free_bytes());
                 out.inodes = Some(u.inodes);
                 out.inodes_used = Some(u.inodes_used);
-                out.source = "statfs";
+                out.source = UsageSource::Statfs;
             }
         }
         if let Some(k) = kernel
@@ -113,7 +113,7 @@ impl State {
             out.size_bytes = Some(size);
             out.used_bytes = Some(used);
             out.free_bytes = Some(size - used);
-            out.source = "kernel";
+            out.source = UsageSource::Kernel;
         }
         Some(out)
     }

@@ -16,7 +16,7 @@ pub struct MountStat {
     /// Where the host has it, when that differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_mountpoint: Option<String>,
-    pub dev: String,
+    pub dev: Dev,
     pub mount_ns: u32,
     /// The namespace it is shown as seen from (its users', a container's).
     #[serde(skip)]
@@ -66,7 +66,7 @@ impl MountStats {
         let s = self.by_dev.entry(m.dev).or_insert_with(|| MountStat {
             mountpoint: None,
             host_mountpoint: None,
-            dev: m.dev.to_string(),
+            dev: m.dev,
             mount_ns: ns,
             view_ns: ns,
             size_bytes: None,

@@ -5,7 +5,7 @@
 
 use super::{
     State,
-    failures::{Failure, Holder},
+    failures::{Failure, FailureKind, Holder},
     incidents::Place,
 };
 use crate::{event::Header, host::Host};
@@ -14,7 +14,7 @@ impl State {
     /// A failure of `pid` with what the process tree knows of it.
     pub(super) fn base_failure(
         &self,
-        kind: &'static str,
+        kind: FailureKind,
         h: &Header,
         pid: u32,
         tid: u32,
@@ -35,8 +35,7 @@ impl State {
     }
 
     pub(super) fn record(&mut self, host: &mut dyn Host, mut f: Failure) {
-        f.dev = f.kdev.map(|d| d.to_string());
-        let place = match f.kdev {
+        let place = match f.dev {
             Some(dev) => Place::Mount(dev),
             None => Place::Namespace(f.mnt_ns),
         };
@@ -46,7 +45,7 @@ impl State {
         if self.failures.repeated(&f) {
             return;
         }
-        if let Some(dev) = f.kdev
+        if let Some(dev) = f.dev
             && (opened || self.failures.is_first_on(dev))
         {
             // The first failure of an incident on this mount: refresh who

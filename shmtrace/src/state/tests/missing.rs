@@ -2,7 +2,7 @@
 //! the same name failing with ENOENT, held back for the grace period.
 
 use super::*;
-use crate::state::{causes::Reason, missing::MISSING_GRACE_NS};
+use crate::state::{causes::Reason, failures::FailureKind, missing::MISSING_GRACE_NS};
 
 fn gone(s: &mut Stream, pid: u32, path: &str) -> Event {
     Event::SyscallFailed {
@@ -42,7 +42,7 @@ fn an_open_of_a_removed_segment_names_the_remover_after_the_grace() {
     assert!(st.failures.is_empty());
     st.settle(&mut host, at + MISSING_GRACE_NS);
     let f = &st.failures.all()[0];
-    assert_eq!(f.kind, "enoent");
+    assert_eq!(f.kind, FailureKind::Enoent);
     assert_eq!(f.reason, Reason::SegmentGone);
     assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_5_1"));
     let by = f.removed_by.as_ref().expect("remover");

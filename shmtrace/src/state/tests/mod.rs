@@ -12,7 +12,10 @@ use crate::{
         FdEntry,
         fixture::{Fixture, SELF_NS},
     },
-    state::mounts::Mount,
+    state::{
+        failures::{FailureKind, Op, UsageSource},
+        mounts::Mount,
+    },
 };
 
 pub const SHM: Dev = Dev(40);
@@ -145,14 +148,17 @@ fn sigbus_in_a_tmpfs_mapping_is_the_first_failure_with_file_and_offset() {
     let v = st.failures.ordered();
     assert_eq!(v.len(), 1);
     let f = &v[0];
-    assert_eq!((f.pid, f.kind, f.si_code), (12, "sigbus", Some(2)));
+    assert_eq!(
+        (f.pid, f.kind, f.si_code),
+        (12, FailureKind::Sigbus, Some(2))
+    );
     assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_12_1"));
     assert_eq!(f.offset, Some(0x1010));
-    assert_eq!(f.fault_addr.as_deref(), Some("0x7f0000001010"));
+    assert_eq!(f.fault_addr, Some(Addr(0x7f00_0000_1010)));
     let m = f.mount.as_ref().unwrap();
     assert_eq!(
         (m.source, m.used_bytes, m.free_bytes),
-        ("kernel", Some(64 * MIB), Some(0))
+        (UsageSource::Kernel, Some(64 * MIB), Some(0))
     );
     assert!(f.cause.contains("full"), "{}", f.cause);
     assert_eq!(f.ancestry.first().map(|a| a.pid), Some(10));
@@ -196,7 +202,12 @@ fn a_sigbus_sent_by_a_process_or_past_the_end_or_unmapped_is_not_a_shm_failure()
 
     assert_eq!(st.failures.len(), 1, "still only the first one");
     assert_eq!(st.failures.all()[0].refaults, 1);
-    let reasons: Vec<&str> = st.failures.other().iter().map(|o| o.reason).collect();
+    let reasons: Vec<&str> = st
+        .failures
+        .other()
+        .iter()
+        .map(|o| o.reason.words())
+        .collect();
     assert_eq!(reasons.len(), 4);
     assert!(reasons[0].contains("itself"));
     assert!(reasons[1].contains("another process"));
@@ -235,7 +246,7 @@ fn a_sigbus_on_a_mapping_made_before_tracing_is_resolved_through_the_host() {
     assert_eq!((f.pid, f.tid, f.offset), (20, 21, Some(0x12000)));
     assert_eq!(f.path.as_deref(), Some("/dev/shm/psm_abc"));
     // No kernel counters in the record: statfs through the host.
-    assert_eq!(f.mount.as_ref().unwrap().source, "statfs");
+    assert_eq!(f.mount.as_ref().unwrap().source, UsageSource::Statfs);
 }
 
 #[test]
@@ -254,7 +265,11 @@ fn fallocate_enospc_names_file_request_and_free_space() {
     let f = &st.failures.all()[0];
     assert_eq!(
         (f.kind, f.syscall, f.errno),
-        ("enospc", Some("fallocate"), Some(28))
+        (
+            FailureKind::Enospc,
+            Some(Op::Syscall(Syscall::Fallocate)),
+            Some(28)
+        )
     );
     assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_30_9"));
     assert_eq!(f.bytes, Some(32 * MIB));
@@ -315,7 +330,10 @@ fn oom_kill_and_exit_status() {
         &mut host,
     );
     let f = &st.failures.all()[0];
-    assert_eq!((f.kind, f.pid, f.bytes), ("oom_kill", 51, Some(40 * MIB)));
+    assert_eq!(
+        (f.kind, f.pid, f.bytes),
+        (FailureKind::OomKill, 51, Some(40 * MIB))
+    );
     assert_eq!(f.ancestry[0].pid, 50);
     assert_eq!(st.procs.get(51).unwrap().exit_signal, Some(9));
     assert_eq!(st.live_pids(), vec![50]);
