@@ -6,7 +6,7 @@
 //!
 //! One file per hook family: `sched` (fork, exec, exit), `signals` (SIGBUS
 //! generated and delivered), `syscalls` (syscalls:sys_exit_* of the calls
-//! that matter), `unlink` (removals of /dev/shm files), `oom` (mark_victim), `cuda` (uretprobes on CUDA IPC calls);
+//! that matter), `unlink` (removals of /dev/shm files), `sysexit` (what every syscall-exit program reads: the record, the argument registers), `oom` (mark_victim), `cuda` (uretprobes on CUDA IPC calls);
 //! `emit` holds the maps and event headers, `kernel` the struct reads at
 //! offsets user space found in BTF, `extras` what only `doctor` loads.
 
@@ -26,6 +26,8 @@ mod sched;
 mod signals;
 #[cfg(target_arch = "bpf")]
 mod syscalls;
+#[cfg(target_arch = "bpf")]
+mod sysexit;
 #[cfg(target_arch = "bpf")]
 mod unlink;
 

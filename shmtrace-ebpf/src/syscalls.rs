@@ -5,11 +5,7 @@
 //! map tmpfs, ftruncate, recvmsg with control data, dups of tmpfs fds).
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes, bpf_task_pt_regs,
-    },
+    helpers::{bpf_probe_read_user, bpf_probe_read_user_str_bytes},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -18,6 +14,7 @@ use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOENT, ENOMEM, ENOSPC, Eve
 use crate::{
     emit::{self, Ring, SHM_MAPPED, TMPFS_FDS},
     kernel::{self, nr, off},
+    sysexit::{arg, exit_record, is_shm_path, tgid, user_regs},
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -83,25 +80,6 @@ pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
         on_dup(user_regs(), nr, ret);
     }
     0
-}
-
-/// (syscall number, return value) from a syscalls:sys_exit_* record:
-/// `int __syscall_nr` at 8 and `long ret` at 16, the same on every kernel
-/// since syscall tracepoints exist (checked against tracefs by the loader).
-#[inline(always)]
-pub(crate) fn exit_record(ctx: &TracePointContext) -> (u32, i64) {
-    let p = ctx.as_ptr() as *const u8;
-    // SAFETY: direct loads from the tracepoint record, which the verifier
-    // bounds-checks against the context size.
-    unsafe { (*(p.add(8) as *const i32) as u32, *(p.add(16) as *const i64)) }
-}
-
-/// The current task's saved user registers: the syscall's arguments.
-#[inline(always)]
-pub(crate) fn user_regs() -> u64 {
-    // SAFETY: helpers without side effects on the current task; the result
-    // is a BTF-typed pointer to its pt_regs, loaded from in `arg`.
-    unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as u64 }
 }
 
 const F_DUPFD: u64 = 0;
@@ -249,20 +227,6 @@ fn on_close(regs: u64) {
 }
 
 #[inline(always)]
-pub(crate) fn arg(regs: u64, i: usize) -> u64 {
-    let off = off!(regs_args[i]) as u64;
-    // SAFETY: `regs` is the BTF-typed pt_regs from `user_regs`: the
-    // verifier checks this load against the struct (the offset is a
-    // constant of the read-only config), so no helper call is needed.
-    unsafe { *((regs + off) as *const u64) }
-}
-
-#[inline(always)]
-pub(crate) fn tgid() -> u32 {
-    (bpf_get_current_pid_tgid() >> 32) as u32
-}
-
-#[inline(always)]
 fn on_failure(regs: u64, nr: u32, ret: i64) {
     let errno = -ret;
     let is_map = nr == nr!(mmap) || nr == nr!(mremap);
@@ -303,7 +267,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         } else {
             arg(regs, 1)
         };
-        if !by_path || !crate::unlink::is_shm_path(p) {
+        if !by_path || !is_shm_path(p) {
             return;
         }
     }

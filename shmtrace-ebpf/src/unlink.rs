@@ -3,16 +3,14 @@
 //! directory"). From any process: a cleanup job is what this is for.
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_user, bpf_probe_read_user_str_bytes},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::bpf_probe_read_user_str_bytes, macros::tracepoint, programs::TracePointContext,
 };
 use shmtrace_common::EventKind;
 
 use crate::{
     emit::{self, Ring},
     kernel::{self, nr, off},
-    syscalls::{arg, exit_record, user_regs},
+    sysexit::{arg, exit_record, is_shm_path, user_regs},
 };
 
 const AT_FDCWD: i64 = -100;
@@ -66,15 +64,4 @@ fn on_unlink(regs: u64, nr: u32) {
     // destination's length.
     let _ = unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut ev.path) };
     e.submit(0);
-}
-
-/// Whether user string `p` starts with "/dev/shm/": one 9-byte read.
-#[inline(always)]
-pub(crate) fn is_shm_path(p: u64) -> bool {
-    // SAFETY: a user pointer read with the checked helper; a bad pointer
-    // (or a string shorter than 9 bytes at a page's end) is an error.
-    match unsafe { bpf_probe_read_user(p as *const [u8; 9]) } {
-        Ok(b) => &b == b"/dev/shm/",
-        Err(_) => false,
-    }
 }

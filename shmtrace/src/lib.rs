@@ -13,6 +13,8 @@ pub mod cli;
 pub mod escape;
 pub mod event;
 pub mod host;
+#[cfg(test)]
+mod layers_tests;
 pub mod modes;
 pub mod output;
 pub mod signals;

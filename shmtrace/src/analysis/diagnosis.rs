@@ -6,8 +6,9 @@ use serde::Serialize;
 
 use super::{
     leftovers::{describe_leftovers, describe_strays, leftovers, memory_headroom},
-    pytorch::{dataloader_fit, dataloader_in_flight, pytorch_kind, pytorch_messages},
+    pytorch::{PREFETCH, dataloader_fit, dataloader_in_flight, pytorch_kind, pytorch_messages},
     scope::Scope,
+    segments::{largest_segment, workers_allocating},
     users::User,
     words::{human_mib, kubernetes_snippet, runtime_fix, shown_pid},
 };
@@ -19,8 +20,6 @@ use crate::{
 const MIB: u64 = 1 << 20;
 /// Sizes are rounded up to this, the way people write --shm-size.
 const ROUND: u64 = 64 * MIB;
-/// PyTorch's default DataLoader prefetch_factor.
-pub(super) const PREFETCH: u64 = 2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Diagnosis {
@@ -287,34 +286,6 @@ fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
         human_bytes(h.held_bytes),
         human_bytes(used)
     ))
-}
-
-/// Processes that created segments (files of 1 MiB or more) or failed.
-pub(super) fn workers_allocating(r: &Scope) -> u64 {
-    let mut creators = r.segments.creators.clone();
-    creators.extend(
-        r.failures
-            .iter()
-            .filter(|f| f.kind != FailureKind::OomKill)
-            .map(|f| f.pid),
-    );
-    creators.len() as u64
-}
-
-/// The largest segment: files seen over the run, failing files, requests.
-pub(super) fn largest_segment(r: &Scope) -> u64 {
-    r.failures
-        .iter()
-        .filter_map(|f| f.file_size.map(|s| s.max(0) as u64))
-        .chain(
-            r.failures
-                .iter()
-                .filter(|f| f.kind != FailureKind::Sigbus)
-                .filter_map(|f| f.bytes),
-        )
-        .chain(std::iter::once(r.segments.max_bytes))
-        .max()
-        .unwrap_or(0)
 }
 
 /// Size estimate: what was in use when it failed plus what the failing

@@ -13,7 +13,7 @@ use crate::{
         State,
         failures::{Failure, MountAtFailure, OtherSignal},
         files::{FileState, Segments},
-        mounts::MountStat,
+        mount_stats::MountStat,
         procs::Proc,
     },
 };

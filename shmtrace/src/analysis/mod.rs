@@ -10,6 +10,7 @@ pub mod incident;
 mod leftovers;
 mod pytorch;
 pub mod scope;
+mod segments;
 pub mod users;
 pub mod words;
 

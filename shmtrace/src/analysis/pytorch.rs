@@ -2,9 +2,9 @@
 //! torch.multiprocessing, what it prints, and settings that fit a size.
 
 use super::{
-    diagnosis::{PREFETCH, largest_segment, workers_allocating},
     scope::Scope,
-    users::User,
+    segments::{largest_segment, workers_allocating},
+    users::{TORCH_GONE, User},
     words::human_mib,
 };
 use crate::{
@@ -15,6 +15,9 @@ use crate::{
     },
     units::human_bytes,
 };
+
+/// PyTorch's default DataLoader prefetch_factor.
+pub(super) const PREFETCH: u64 = 2;
 
 /// What a DataLoader keeps in /dev/shm at most: (workers x prefetch_factor
 /// + 2) batches of the largest segment.
@@ -123,10 +126,6 @@ pub(super) fn pytorch_messages(
         _ => (None, None),
     }
 }
-
-/// PyTorch's words when a consumer finds a segment gone.
-pub(super) const TORCH_GONE: &str = "RuntimeError: unable to open shared memory object \
-    </torch_...> in read-write mode: No such file or directory (2)";
 
 /// Settings that fit the current size: in flight are
 /// (num_workers x prefetch_factor + 2) batches, with 20% kept spare.

@@ -6,6 +6,10 @@
 use super::scope::Scope;
 use crate::state::failures::FailureKind;
 
+/// PyTorch's words when a consumer finds a segment gone.
+pub const TORCH_GONE: &str = "RuntimeError: unable to open shared memory object \
+    </torch_...> in read-write mode: No such file or directory (2)";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum User {
     /// `torch_*` segments (file_descriptor and file_system strategies),
@@ -155,7 +159,7 @@ impl User {
                 "the object store cannot create its backing file: Ray warns that /dev/shm is \
                  too small and the raylet fails to start"
             }
-            (User::PytorchMultiprocessing, Enoent) => super::pytorch::TORCH_GONE,
+            (User::PytorchMultiprocessing, Enoent) => TORCH_GONE,
             (User::PythonSharedMemory, Enoent) => {
                 "FileNotFoundError: [Errno 2] No such file or directory: '/psm_...' (from \
                  SharedMemory(name=...))"

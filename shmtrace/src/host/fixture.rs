@@ -4,13 +4,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{FdEntry, FileStat, Host, Limits, Lookup, MapsEntry, blocking::Stalls, memcg::Memcg};
-use crate::{
-    event::{Addr, Dev},
-    state::{
-        containers::{Container, Names},
-        mounts::{Mount, Usage},
-    },
+use super::{
+    cgroup::{Container, Names},
+    mountinfo::{Mount, Usage},
 };
+use crate::event::{Addr, Dev};
 
 pub const SELF_PID: u32 = 1;
 pub const SELF_NS: u32 = 4026531840;

@@ -5,20 +5,23 @@
 
 pub mod anchors;
 pub mod blocking;
+pub mod cgroup;
 #[cfg(test)]
 pub mod fixture;
 pub mod listing;
 pub mod memcg;
+pub mod mountinfo;
 pub mod proc;
 pub mod procfs;
 pub mod runtimes;
 
 pub use proc::ProcHost;
 
-use crate::{
-    event::{Addr, Dev},
-    state::mounts::{Mount, Usage},
+use self::{
+    cgroup::{Container, Names},
+    mountinfo::{Mount, Usage},
 };
+use crate::event::{Addr, Dev};
 
 /// What stat(2) says of a file, the parts state needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,10 +151,7 @@ pub trait Host {
         None
     }
     /// A container's and pod's names (kubelet's logs, the runtime's state).
-    fn container_names(
-        &self,
-        _c: &crate::state::containers::Container,
-    ) -> Option<crate::state::containers::Names> {
+    fn container_names(&self, _c: &Container) -> Option<Names> {
         None
     }
     /// Reads that stalled (timed out) or were skipped for it.

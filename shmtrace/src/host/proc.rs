@@ -9,13 +9,13 @@ use super::{
     procfs::*,
     runtimes,
 };
+use super::{
+    cgroup::{Container, Names},
+    mountinfo::{self, Mount, Usage},
+};
 use crate::{
     escape,
     event::{Addr, Dev},
-    state::{
-        containers::{Container, Names},
-        mounts::{self, Mount, Usage},
-    },
 };
 
 pub struct ProcHost {
@@ -82,7 +82,7 @@ impl Host for ProcHost {
                 || format!("mountinfo {reader}"),
                 move || {
                     let text = std::fs::read_to_string(format!("/proc/{reader}/mountinfo")).ok()?;
-                    Some(mounts::parse_mountinfo(&text))
+                    Some(mountinfo::parse_mountinfo(&text))
                 },
             )
             .flatten()

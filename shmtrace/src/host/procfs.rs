@@ -4,11 +4,10 @@
 
 use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path};
 
-use super::{FdEntry, FileStat, Limits, Lookup, MapsEntry};
+use super::{FdEntry, FileStat, Limits, Lookup, MapsEntry, mountinfo::Usage};
 use crate::{
     escape,
     event::{Addr, Dev},
-    state::mounts::Usage,
 };
 
 /// /proc/PID/map_files/START-END.

@@ -15,10 +15,8 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{
-    escape,
-    state::containers::{Container, Names},
-};
+use super::cgroup::{Container, Names};
+use crate::escape;
 
 /// A runtime's state file larger than this is not read.
 const MAX_STATE_FILE: u64 = 16 << 20;
@@ -212,7 +210,7 @@ fn docker_config(root: &Path, id: &str) -> Option<Names> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::containers::parse;
+    use crate::host::cgroup::parse;
 
     const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     const UID: &str = "1b2c3d4e-0000-4000-8000-00000000beef";

@@ -8,7 +8,6 @@ use anyhow::Result;
 use crate::{
     capture::{Tracer, preflight},
     host::procfs::statfs_path,
-    state::mounts,
     units::human_bytes,
 };
 
@@ -123,7 +122,7 @@ pub async fn doctor() -> Result<i32> {
     // This namespace's /dev/shm.
     let shm = std::fs::read_to_string("/proc/self/mountinfo")
         .ok()
-        .map(|t| mounts::parse_mountinfo(&t))
+        .map(|t| crate::host::mountinfo::parse_mountinfo(&t))
         .and_then(|ms| ms.into_iter().rfind(|m| m.mountpoint == "/dev/shm"));
     match (shm, statfs_path("/dev/shm")) {
         (Some(m), Some(u)) if m.is_tmpfs() => {

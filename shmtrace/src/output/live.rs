@@ -245,7 +245,7 @@ fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
 impl Live {
     /// Mounts shown: with a filter, those seen from a namespace where a
     /// process that passes it lives (or lived).
-    fn mounts<'a>(&self, st: &'a State) -> Vec<&'a crate::state::mounts::MountStat> {
+    fn mounts<'a>(&self, st: &'a State) -> Vec<&'a crate::state::mount_stats::MountStat> {
         st.mount_stats
             .by_dev
             .values()

@@ -41,7 +41,8 @@ use self::{
     failures::Failures,
     files::{Files, Seen, Via},
     mappings::{Mapping, MappingTable},
-    mounts::{MountStats, MountTables},
+    mount_stats::MountStats,
+    mounts::MountTables,
     procs::{Proc, ProcessTree},
 };
 

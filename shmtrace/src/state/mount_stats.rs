@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::mounts::{Mount, Usage};
+use crate::host::mountinfo::{Mount, Usage};
 use crate::{escape, event::Dev};
 
 /// A tmpfs mount's size and use, followed over time.

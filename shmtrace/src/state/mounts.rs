@@ -3,88 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
-
+pub use crate::host::mountinfo::{Mount, Usage};
 use crate::{escape, event::Dev};
-
-/// One line of mountinfo that matters to us.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mount {
-    pub dev: Dev,
-    pub mountpoint: String,
-    pub fstype: String,
-    /// Mounted noexec: mapping its files with PROT_EXEC fails (EPERM).
-    pub noexec: bool,
-}
-
-impl Mount {
-    pub fn is_tmpfs(&self) -> bool {
-        self.fstype == "tmpfs"
-    }
-}
-
-/// Parses /proc/PID/mountinfo text.
-pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        if fields.len() < 6 || fields.len() < sep + 3 {
-            continue;
-        }
-        let Some((maj, min)) = fields[2].split_once(':') else {
-            continue;
-        };
-        let (Ok(maj), Ok(min)) = (maj.parse(), min.parse()) else {
-            continue;
-        };
-        out.push(Mount {
-            dev: Dev::new(maj, min),
-            mountpoint: unescape_octal(fields[4]),
-            fstype: fields[sep + 1].to_string(),
-            noexec: fields[5].split(',').any(|o| o == "noexec"),
-        });
-    }
-    out
-}
-
-/// mountinfo writes space, tab, newline and backslash as \ooo.
-fn unescape_octal(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Size and use of a mount, in bytes.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
-pub struct Usage {
-    pub size_bytes: u64,
-    pub used_bytes: u64,
-    pub inodes: u64,
-    pub inodes_used: u64,
-}
-
-impl Usage {
-    pub fn free_bytes(&self) -> u64 {
-        self.size_bytes.saturating_sub(self.used_bytes)
-    }
-}
 
 /// Mount tables by mount namespace.
 #[derive(Default)]
@@ -257,11 +177,10 @@ fn under(path: &str, mountpoint: &str) -> bool {
         || (path.starts_with(mountpoint) && path.as_bytes().get(mountpoint.len()) == Some(&b'/'))
 }
 
-pub use super::mount_stats::{MountStat, MountStats};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{host::mountinfo::parse_mountinfo, state::mount_stats::MountStats};
 
     const SAMPLE: &str = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
         30 22 0:26 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,size=65536k\n\

@@ -1,0 +1,147 @@
+//! A container as its cgroup path names it (runtime, container id and,
+//! under Kubernetes, the pod UID), and the names the host finds for it.
+
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Container {
+    pub cgroup: String,
+    /// containerd, cri-o, docker, podman; None outside a container.
+    pub runtime: Option<String>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    /// The container's name as its runtime shows it (Docker, Podman), or
+    /// Kubernetes' container name.
+    pub name: Option<String>,
+    /// Kubernetes identity, Tetragon's shape: from the cgroup path (uid, id)
+    /// and kubelet's /var/log/pods layout or the runtime's labels (names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<Pod>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: PodContainer,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PodContainer {
+    pub id: Option<String>,
+    pub name: Option<String>,
+}
+
+/// Names the host found for a container (none of them from the cgroup path).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Names {
+    pub container: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub pod_name: Option<String>,
+}
+
+impl Container {
+    /// Attaches what the host found: a pod in Tetragon's shape when the
+    /// cgroup path had a pod UID and the names are known.
+    pub fn named(&mut self, n: Names) {
+        self.name = n.container.clone().or(self.name.take());
+        if let (Some(uid), Some(ns), Some(name)) = (&self.pod_uid, n.pod_namespace, n.pod_name) {
+            self.pod = Some(Pod {
+                namespace: ns,
+                name,
+                uid: uid.clone(),
+                container: PodContainer {
+                    id: self.container_id.clone(),
+                    name: n.container,
+                },
+            });
+        }
+    }
+
+    pub fn label(&self) -> String {
+        if let Some(p) = &self.pod {
+            return format!(
+                "pod {}/{} / {}",
+                p.namespace,
+                p.name,
+                p.container.name.as_deref().unwrap_or("?")
+            );
+        }
+        if let (Some(name), Some(rt)) = (&self.name, &self.runtime) {
+            return format!("{rt} {name}");
+        }
+        match (&self.pod_uid, &self.container_id) {
+            (Some(pod), Some(id)) => format!("pod {pod} / {}", &id[..id.len().min(12)]),
+            (None, Some(id)) => format!(
+                "{} {}",
+                self.runtime.as_deref().unwrap_or("container"),
+                &id[..id.len().min(12)]
+            ),
+            (Some(pod), None) => format!("pod {pod}"),
+            _ => format!("host {}", self.cgroup),
+        }
+    }
+}
+
+/// Parses runtime path shapes (see ../shared/reference/kernel.md):
+/// systemd driver `.../kubepods-<qos>-pod<uid_with_underscores>.slice/<rt>-<64hex>.scope`,
+/// cgroupfs driver `/kubepods/<qos>/pod<uid>/<64hex>` (or `crio-<64hex>`),
+/// Docker `/docker/<id>` or `docker-<id>.scope`, Podman `libpod-<id>.scope`.
+pub fn parse(cgroup: &str) -> Container {
+    let mut c = Container {
+        cgroup: cgroup.to_string(),
+        ..Default::default()
+    };
+    let parts: Vec<&str> = cgroup.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate() {
+        // Pod UID.
+        if let Some(rest) = part.strip_prefix("pod").filter(|r| is_uid(r)) {
+            c.pod_uid = Some(rest.to_string());
+        } else if let Some(idx) = part.find("-pod")
+            && part.ends_with(".slice")
+        {
+            let uid = part[idx + 4..part.len() - 6].replace('_', "-");
+            if is_uid(&uid) {
+                c.pod_uid = Some(uid);
+            }
+        }
+        // Container id and runtime.
+        let scope = part.strip_suffix(".scope").unwrap_or(part);
+        for (prefix, runtime) in [
+            ("cri-containerd-", "containerd"),
+            ("crio-", "cri-o"),
+            ("docker-", "docker"),
+            ("libpod-", "podman"),
+        ] {
+            if let Some(id) = scope.strip_prefix(prefix).filter(|id| is_hex64(id)) {
+                c.container_id = Some(id.to_string());
+                c.runtime = Some(runtime.to_string());
+            }
+        }
+        if c.container_id.is_none() && is_hex64(part) {
+            c.container_id = Some(part.to_string());
+            let parent = if i > 0 { parts[i - 1] } else { "" };
+            c.runtime = Some(
+                if parts.first() == Some(&"docker") || parent == "docker" {
+                    "docker"
+                } else {
+                    // cgroupfs driver: containerd or docker; the path does not say which.
+                    "containerd"
+                }
+                .to_string(),
+            );
+        }
+    }
+    c
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        && s.matches('-').count() == 4
+}
