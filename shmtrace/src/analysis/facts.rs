@@ -152,11 +152,11 @@ pub struct Context {
 
 impl Facts {
     pub fn gather(st: &State, ctx: Context) -> Self {
-        let mut failures = st.failures.ordered();
+        let mut failures = st.failures().ordered();
         // Names found after the failure (a pod's logs appear late).
         for f in &mut failures {
             if let Some(c) = f.container.as_mut()
-                && let Some(now) = st.containers.by_cgroup(&c.cgroup)
+                && let Some(now) = st.containers().by_cgroup(&c.cgroup)
             {
                 c.clone_from(now);
             }
@@ -171,27 +171,27 @@ impl Facts {
             duration_s: ctx.duration_s,
             first_failure: failures.first().cloned(),
             failures,
-            processes: st.procs.all().cloned().collect(),
+            processes: st.procs().all().cloned().collect(),
             mounts: mounts(st),
             containers: containers(st),
             trees: trees(st),
-            files: st.files.files.values().cloned().collect(),
-            segments: st.files.segments.clone(),
-            other_sigbus: st.failures.other().to_vec(),
+            files: st.files().all().into_iter().cloned().collect(),
+            segments: st.files().segments().clone(),
+            other_sigbus: st.failures().other().to_vec(),
             lost_events: ctx.counters.lost.total(),
             lost: ctx.counters.lost,
             suppressed: ctx.counters.suppressed,
             host_reads: ctx.host_stalls,
             dropped: Dropped {
-                exited_processes: st.procs.forgotten,
-                failures: st.failures.dropped,
-                other_sigbus: st.failures.other_dropped,
-                files: st.files.dropped,
+                exited_processes: st.procs().forgotten(),
+                failures: st.failures().dropped().0,
+                other_sigbus: st.failures().dropped().1,
+                files: st.files().dropped(),
             },
-            events_received: st.evidence.events_seen,
+            events_received: st.evidence().events_seen(),
             events_by_kind: st
-                .evidence
-                .by_kind
+                .evidence()
+                .by_kind()
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
@@ -206,14 +206,13 @@ impl Facts {
 }
 
 fn mounts(st: &State) -> Vec<MountReport> {
-    let stats = &st.mount_stats.by_dev;
-    let touched = &st.failures.touched;
-    let mut devs: Vec<Dev> = stats.keys().copied().collect();
-    devs.extend(touched.keys().filter(|d| !stats.contains_key(d)));
+    let (stats, failures) = (st.mount_stats(), st.failures());
+    let mut devs: Vec<Dev> = stats.all().map(|m| m.dev).collect();
+    devs.extend(failures.touched_devs().filter(|d| stats.get(*d).is_none()));
     devs.into_iter()
         .map(|dev| {
-            let at = touched.get(&dev).cloned();
-            let stat = stats.get(&dev).cloned().unwrap_or_else(|| {
+            let at = failures.at_first_failure(dev).cloned();
+            let stat = stats.get(dev).cloned().unwrap_or_else(|| {
                 let a = at.clone().expect("a touched mount");
                 MountStat {
                     mountpoint: a.mountpoint,
@@ -245,13 +244,12 @@ fn mounts(st: &State) -> Vec<MountReport> {
 /// Named files on `dev` that nobody holds and whose creator has exited.
 fn leftovers_on(st: &State, dev: Dev) -> (u64, Vec<Leftover>) {
     let mut v: Vec<Leftover> = st
-        .files
-        .files
-        .values()
-        .filter(|f| f.dev == dev && !f.unlinked && f.allocated_bytes > 0)
+        .files()
+        .on(dev)
+        .filter(|f| !f.unlinked && f.allocated_bytes > 0)
         .filter(|f| f.fd_holders.is_empty() && f.map_holders.is_empty())
         .filter_map(|f| {
-            let p = st.procs.get(f.creator?)?;
+            let p = st.procs().get(f.creator?)?;
             let exited = p.exit_ts_ns?;
             let c = p.container.as_ref();
             Some(Leftover {
@@ -273,7 +271,7 @@ fn leftovers_on(st: &State, dev: Dev) -> (u64, Vec<Leftover>) {
 
 fn containers(st: &State) -> Vec<ContainerReport> {
     let mut by_cgroup: BTreeMap<String, ContainerReport> = BTreeMap::new();
-    for p in st.procs.all() {
+    for p in st.procs().all() {
         let Some(c) = &p.container else { continue };
         let e = by_cgroup
             .entry(c.cgroup.clone())
@@ -292,23 +290,23 @@ fn containers(st: &State) -> Vec<ContainerReport> {
         e.allocated_bytes += p.allocated_bytes;
     }
     for c in by_cgroup.values_mut() {
-        c.held_bytes = st.files.held_by_any(&c.pids.iter().copied().collect());
+        c.held_bytes = st.files().held_by_any(&c.pids.iter().copied().collect());
     }
     by_cgroup.into_values().collect()
 }
 
 fn trees(st: &State) -> Vec<TreeReport> {
-    st.procs
+    st.procs()
         .all()
         .filter(|p| p.root)
         .map(|root| {
-            let pids = st.procs.tree_of(root.pid);
+            let pids = st.procs().tree_of(root.pid);
             TreeReport {
                 root: root.pid,
-                held_bytes: st.files.held_by_any(&pids.iter().copied().collect()),
+                held_bytes: st.files().held_by_any(&pids.iter().copied().collect()),
                 allocated_bytes: pids
                     .iter()
-                    .filter_map(|p| st.procs.get(*p))
+                    .filter_map(|p| st.procs().get(*p))
                     .map(|p| p.allocated_bytes)
                     .sum(),
                 pids,

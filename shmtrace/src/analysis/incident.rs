@@ -62,7 +62,7 @@ impl IncidentReport {
 
 /// Every incident state knows of, with its diagnosis.
 pub fn incidents(st: &State, facts: &Facts) -> Vec<IncidentReport> {
-    st.incidents
+    st.incidents()
         .all()
         .filter_map(|i| {
             let scope = Scope::incident(facts, i.id);

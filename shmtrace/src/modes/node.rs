@@ -37,7 +37,9 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut session = Session::start(outputs, true)?;
-    session.state.release_idle_namespaces = Some(Duration::from_secs(ns_grace));
+    session
+        .state
+        .release_idle_namespaces_after(Duration::from_secs(ns_grace));
     let now = capture::monotonic_ns();
     // Seed from /proc once: who maps or holds tmpfs files right now.
     for pid in all_pids()? {

@@ -34,7 +34,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     add(&mut session, pid, now, true);
     for _ in 0..2 {
         for d in descendants(pid) {
-            if !session.state.procs.contains(d) {
+            if !session.state.procs().contains(d) {
                 session.tracer.trace(d, traced::REPORT | traced::FOLLOW)?;
                 add(&mut session, d, now, false);
             }
@@ -42,7 +42,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     }
     eprintln!(
         "shmtrace: tracing pid {pid} and {} descendant(s); Ctrl-C to stop",
-        session.state.procs.len() - 1
+        session.state.procs().len() - 1
     );
 
     let mut last_check = Instant::now();

@@ -139,7 +139,7 @@ impl Session {
         self.events_out = None;
         let note = format!(
             "the --events file stopped after {} events: {e}; the report is complete",
-            self.state.evidence.events_seen
+            self.state.evidence().events_seen()
         );
         eprintln!("shmtrace: {note}");
         self.tracer.notes.push(note);
@@ -180,8 +180,7 @@ impl Session {
             self.find_cuda();
             let quiet = self.outputs.incident_quiet.as_nanos() as u64;
             self.state
-                .incidents
-                .close_quiet(capture::monotonic_ns(), quiet.max(1));
+                .close_quiet_incidents(capture::monotonic_ns(), quiet.max(1));
             let mode = if self.node { "node" } else { "running" };
             if self.outputs.report.is_some() || self.incidents.is_some() {
                 let r = self.snapshot(mode, None, None, None);
@@ -291,7 +290,7 @@ impl Session {
         }
         self.state.tick(&mut self.host);
         // Ending: every incident is final.
-        self.state.incidents.close_all(capture::monotonic_ns());
+        self.state.close_incidents(capture::monotonic_ns());
         if let Some(live) = &mut self.live {
             live.finish();
         }

@@ -79,8 +79,8 @@ impl Live {
     /// -o json: new failures stream as soon as they are applied, not at
     /// the next once-a-second refresh (cheap when there are none).
     pub fn failures_applied(&mut self, st: &State) {
-        if self.json && st.failures.len() != self.streamed_upto {
-            self.streamed_upto = st.failures.len();
+        if self.json && st.failures().len() != self.streamed_upto {
+            self.streamed_upto = st.failures().len();
             self.stream(st);
         }
     }
@@ -89,7 +89,7 @@ impl Live {
     fn stream(&mut self, st: &State) {
         let mut out = std::io::stdout().lock();
         let mut new: Vec<&Failure> = st
-            .failures
+            .failures()
             .all()
             .iter()
             .filter(|f| !self.streamed.contains(&(f.pid, f.ts_ns)))
@@ -151,8 +151,8 @@ impl Live {
             s,
             "shmtrace  +{:.0}s  processes {}  events {}  failures {}  lost {}\r",
             self.started.elapsed().as_secs_f64(),
-            st.procs.alive().filter(|p| self.shows(st, p)).count(),
-            st.evidence.events_seen,
+            st.procs().alive().filter(|p| self.shows(st, p)).count(),
+            st.evidence().events_seen(),
             self.failures(st).len(),
             lost
         );
@@ -199,7 +199,7 @@ impl Live {
         }
         let _ = writeln!(s, "\r\nPROCESSES            PID       HELD  ALLOCATED\r");
         for (pid, comm, held) in self.top_processes(st).into_iter().take(TOP) {
-            let alloc = st.procs.get(pid).map(|p| p.allocated_bytes).unwrap_or(0);
+            let alloc = st.procs().get(pid).map(|p| p.allocated_bytes).unwrap_or(0);
             let _ = writeln!(
                 s,
                 "  {comm:<16} {pid:>7} {:>10} {:>10}\r",
@@ -239,20 +239,19 @@ fn pct(a: u64, b: u64) -> f64 {
 
 /// A container as known now (names found after the fact included).
 fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
-    c.map(|c| st.containers.by_cgroup(&c.cgroup).unwrap_or(c))
+    c.map(|c| st.containers().by_cgroup(&c.cgroup).unwrap_or(c))
 }
 
 impl Live {
     /// Mounts shown: with a filter, those seen from a namespace where a
     /// process that passes it lives (or lived).
     fn mounts<'a>(&self, st: &'a State) -> Vec<&'a crate::state::mount_stats::MountStat> {
-        st.mount_stats
-            .by_dev
-            .values()
+        st.mount_stats()
+            .all()
             .filter(|m| {
                 self.filter.is_empty()
                     || st
-                        .procs
+                        .procs()
                         .all()
                         .any(|p| p.mnt_ns == m.view_ns && self.shows(st, p))
             })
@@ -260,7 +259,7 @@ impl Live {
     }
 
     fn failures<'a>(&self, st: &'a State) -> Vec<&'a Failure> {
-        st.failures
+        st.failures()
             .all()
             .iter()
             .filter(|f| self.filter.matches(named(st, f.container.as_ref())))
@@ -270,7 +269,7 @@ impl Live {
     /// (pid, comm, held) of live processes holding the most, largest first.
     fn top_processes(&self, st: &State) -> Vec<(u32, String, u64)> {
         let mut v: Vec<(u32, String, u64)> = st
-            .procs
+            .procs()
             .alive()
             .filter(|p| p.held_bytes > 0 && self.shows(st, p))
             .map(|p| (p.pid, p.comm.clone(), p.held_bytes))
@@ -281,14 +280,14 @@ impl Live {
 
     fn top_containers(&self, st: &State) -> Vec<(String, u64)> {
         let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
-        for p in st.procs.alive().filter(|p| self.shows(st, p)) {
+        for p in st.procs().alive().filter(|p| self.shows(st, p)) {
             if let Some(c) = named(st, p.container.as_ref()) {
                 by.entry(c.label()).or_default().insert(p.pid);
             }
         }
         let mut v: Vec<(String, u64)> = by
             .into_iter()
-            .map(|(l, pids)| (l, st.files.held_by_any(&pids)))
+            .map(|(l, pids)| (l, st.files().held_by_any(&pids)))
             .filter(|(_, h)| *h > 0)
             .collect();
         v.sort_by_key(|c| std::cmp::Reverse(c.1));

@@ -136,7 +136,7 @@ fn pod(c: Option<&Container>, keep: LabelSet) -> Pod {
 
 /// A failure's container as known now (its names may have come later).
 fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
-    c.map(|c| st.containers.by_cgroup(&c.cgroup).unwrap_or(c))
+    c.map(|c| st.containers().by_cgroup(&c.cgroup).unwrap_or(c))
 }
 
 /// The metrics as they stand, in the OpenMetrics text format.
@@ -153,10 +153,10 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     // is seen from (live ones first; a stopped container's stays named).
     let mut ns_container: BTreeMap<u32, Option<&Container>> = BTreeMap::new();
     for p in st
-        .procs
+        .procs()
         .all()
         .filter(|p| !p.alive())
-        .chain(st.procs.alive())
+        .chain(st.procs().alive())
     {
         if let Some(c) = p.container.as_ref() {
             ns_container.insert(p.mnt_ns, Some(named(st, Some(c)).unwrap_or(c)));
@@ -167,7 +167,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     let peak = Family::<MountLabels, Gauge>::default();
     let tracked = Family::<MountLabels, Gauge>::default();
     let room = Family::<MountLabels, Gauge>::default();
-    for m in st.mount_stats.by_dev.values() {
+    for m in st.mount_stats().all() {
         let labels = MountLabels {
             mountpoint: m.mountpoint.clone().unwrap_or_default(),
             dev: m.dev.to_string(),
@@ -213,7 +213,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
 
     let held = Family::<Pod, Gauge>::default();
     let mut by_container: BTreeMap<String, (Option<&Container>, BTreeSet<u32>)> = BTreeMap::new();
-    for p in st.procs.alive() {
+    for p in st.procs().alive() {
         let key = p
             .container
             .as_ref()
@@ -226,7 +226,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
             .insert(p.pid);
     }
     for (c, pids) in by_container.values() {
-        let bytes = st.files.held_by_any(pids);
+        let bytes = st.files().held_by_any(pids);
         if bytes > 0 {
             held.get_or_create(&pod(*c, keep)).inc_by(bytes as i64);
         }
@@ -238,7 +238,7 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     );
 
     let failures = Family::<FailureLabels, Counter>::default();
-    for f in st.failures.all() {
+    for f in st.failures().all() {
         failures
             .get_or_create(&FailureLabels {
                 reason: f.reason.name().to_string(),
@@ -250,11 +250,11 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     // Left behind: named files nobody holds, whose creator has exited (a
     // crashed job's segments), by the creator's pod or container.
     let leftover = Family::<Pod, Gauge>::default();
-    for f in st.files.files.values() {
+    for f in st.files().all() {
         if f.unlinked || !f.fd_holders.is_empty() || !f.map_holders.is_empty() {
             continue;
         }
-        let creator = f.creator.and_then(|pid| st.procs.get(pid));
+        let creator = f.creator.and_then(|pid| st.procs().get(pid));
         if creator.is_some_and(|p| p.alive()) {
             continue;
         }
@@ -270,9 +270,9 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     );
     let incidents = Family::<Pod, Counter>::default();
     let open = Family::<Pod, Gauge>::default();
-    for i in st.incidents.all() {
+    for i in st.incidents().all() {
         let c = st
-            .failures
+            .failures()
             .all()
             .iter()
             .find(|f| f.incident == i.id)
@@ -327,17 +327,17 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
         held_back,
     );
     let events: Counter = Counter::default();
-    events.inc_by(st.evidence.events_seen);
+    events.inc_by(st.evidence().events_seen());
     reg.register("shmtrace_events", "Kernel events received", events);
     let procs: Gauge = Gauge::default();
-    procs.set(st.procs.len() as i64);
+    procs.set(st.procs().len() as i64);
     reg.register(
         "shmtrace_tracked_processes",
         "Processes in shmtrace's state",
         procs,
     );
     let files: Gauge = Gauge::default();
-    files.set(st.files.files.len() as i64);
+    files.set(st.files().len() as i64);
     reg.register(
         "shmtrace_tracked_files",
         "tmpfs files in shmtrace's state",

@@ -54,11 +54,9 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
         );
     }
     st.tick(&mut host);
-    st.mount_stats
-        .by_dev
-        .get_mut(&dev)
-        .unwrap()
-        .memory_room_bytes = Some(48 << 20);
+    for m in st.mount_stats_mut().all_mut() {
+        m.memory_room_bytes = Some(48 << 20);
+    }
     let mut c = Counters::default();
     c.lost.events_ring = 7;
     let text = render(&st, &c, LabelSet::default());
@@ -72,7 +70,7 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     // A hostile mount point cannot forge a line.
     let mut st2 = st;
-    for m in st2.mount_stats.by_dev.values_mut() {
+    for m in st2.mount_stats_mut().all_mut() {
         m.mountpoint = Some("/x\"} 1\nshmtrace_fake 2".into());
     }
     let text = render(&st2, &c, LabelSet::default());

@@ -11,11 +11,21 @@ const RECENT: usize = 8;
 #[derive(Default)]
 pub struct Evidence {
     recent: HashMap<Dev, VecDeque<String>>,
-    pub events_seen: u64,
-    pub by_kind: BTreeMap<&'static str, u64>,
+    events_seen: u64,
+    by_kind: BTreeMap<&'static str, u64>,
 }
 
 impl Evidence {
+    /// Events applied, in all.
+    pub fn events_seen(&self) -> u64 {
+        self.events_seen
+    }
+
+    /// Events applied, by name.
+    pub fn by_kind(&self) -> &BTreeMap<&'static str, u64> {
+        &self.by_kind
+    }
+
     pub fn counted(&mut self, kind: &'static str) {
         self.events_seen += 1;
         *self.by_kind.entry(kind).or_default() += 1;

@@ -328,14 +328,29 @@ pub struct Failures {
     other: Vec<OtherSignal>,
     other_index: HashMap<OtherKey, usize>,
     /// Each mount any failure touched, as it stood at its first failure.
-    pub touched: BTreeMap<Dev, MountAtFailure>,
+    touched: BTreeMap<Dev, MountAtFailure>,
     /// Distinct failures and other signals not kept (over the caps); their
     /// repeats are not counted either.
-    pub dropped: u64,
-    pub other_dropped: u64,
+    dropped: u64,
+    other_dropped: u64,
 }
 
 impl Failures {
+    /// Mount `dev` as it stood at its first failure.
+    pub fn at_first_failure(&self, dev: Dev) -> Option<&MountAtFailure> {
+        self.touched.get(&dev)
+    }
+
+    /// Mounts any failure touched.
+    pub fn touched_devs(&self) -> impl Iterator<Item = Dev> + '_ {
+        self.touched.keys().copied()
+    }
+
+    /// Distinct failures, and kinds of other SIGBUS, let go over the caps.
+    pub fn dropped(&self) -> (u64, u64) {
+        (self.dropped, self.other_dropped)
+    }
+
     /// Whether `dev` has had a failure yet.
     pub fn is_first_on(&self, dev: Dev) -> bool {
         !self.touched.contains_key(&dev)

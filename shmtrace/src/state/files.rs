@@ -92,19 +92,67 @@ pub struct Segments {
 
 #[derive(Default)]
 pub struct Files {
-    pub files: HashMap<FileKey, FileState>,
+    files: HashMap<FileKey, FileState>,
     fd_index: HashMap<(u32, i32), FileKey>,
     /// Per process, as of the last tick: bytes allocated and held, and peaks.
-    pub bytes: HashMap<u32, ProcBytes>,
+    bytes: HashMap<u32, ProcBytes>,
     /// Over the whole run, freed files included: the largest file seen and
     /// who created files of 1 MiB or more (what a DataLoader's batches look like).
-    pub segments: Segments,
+    segments: Segments,
     rescan: BTreeSet<u32>,
     /// Files let go over the cap, nobody holding them.
-    pub dropped: u64,
+    dropped: u64,
 }
 
 impl Files {
+    /// Every tracked file, in (device, inode) order.
+    pub fn all(&self) -> Vec<&FileState> {
+        let mut v: Vec<&FileState> = self.files.values().collect();
+        v.sort_unstable_by_key(|f| (f.dev, f.ino));
+        v
+    }
+
+    /// Tracked files on tmpfs `dev`.
+    pub fn on(&self, dev: Dev) -> impl Iterator<Item = &FileState> {
+        self.files.values().filter(move |f| f.dev == dev)
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    pub fn get(&self, key: FileKey) -> Option<&FileState> {
+        self.files.get(&key)
+    }
+
+    pub fn contains(&self, key: FileKey) -> bool {
+        self.files.contains_key(&key)
+    }
+
+    /// Processes with bytes on the books.
+    pub fn procs_counted(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// `pid`'s bytes as of the last tick.
+    pub fn bytes_of(&self, pid: u32) -> ProcBytes {
+        self.bytes.get(&pid).copied().unwrap_or_default()
+    }
+
+    /// Over the whole run, freed files included.
+    pub fn segments(&self) -> &Segments {
+        &self.segments
+    }
+
+    /// Files let go over the cap.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// A file seen in an event of `pid`: keep its latest numbers, and credit
     /// growth since the last look to whoever allocates it (see `credit`).
     pub fn seen(&mut self, key: FileKey, s: Seen, pid: u32) {

@@ -32,9 +32,8 @@ impl State {
     ) -> Option<(Memcg, u64)> {
         let mut writers: Vec<u32> = self
             .files
-            .files
-            .values()
-            .filter(|f| f.dev == dev && f.allocated_bytes > 0)
+            .on(dev)
+            .filter(|f| f.allocated_bytes > 0)
             .flat_map(|f| {
                 f.allocated_by
                     .iter()

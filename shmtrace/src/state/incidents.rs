@@ -50,10 +50,15 @@ pub struct Incidents {
     list: VecDeque<Incident>,
     next_id: u64,
     /// Closed incidents let go over the cap.
-    pub dropped: u64,
+    dropped: u64,
 }
 
 impl Incidents {
+    /// Incidents let go over the cap.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
     /// A failure at `ts_ns` on `place`: joins the open incident there or
     /// opens one. Returns the incident's id and whether it was opened now
     /// (then the failure is its first, and gathers the evidence).

@@ -149,7 +149,7 @@ impl State {
         };
         let mut v: Vec<Stray> = listed
             .into_iter()
-            .filter(|(_, st)| st.allocated > 0 && !self.files.files.contains_key(&(dev, st.ino)))
+            .filter(|(_, st)| st.allocated > 0 && !self.files.contains((dev, st.ino)))
             .map(|(name, st)| Stray {
                 name,
                 ino: st.ino,

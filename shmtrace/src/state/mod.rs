@@ -50,28 +50,28 @@ const PAGE: u64 = 4096;
 
 pub struct State {
     /// CLOCK_MONOTONIC when shmtrace started (times are shown after it).
-    pub start_ns: u64,
-    pub procs: ProcessTree,
-    pub maps: MappingTable,
-    pub mounts: MountTables,
-    pub mount_stats: MountStats,
+    start_ns: u64,
+    procs: ProcessTree,
+    maps: MappingTable,
+    mounts: MountTables,
+    mount_stats: MountStats,
     /// Who holds the bytes.
-    pub files: Files,
-    pub containers: Containers,
-    pub failures: Failures,
+    files: Files,
+    containers: Containers,
+    failures: Failures,
     /// Node-wide, one story per failing mount.
-    pub incidents: incidents::Incidents,
-    pub evidence: Evidence,
+    incidents: incidents::Incidents,
+    evidence: Evidence,
     /// Latest known i_size of tmpfs files, from ftruncate.
     sizes: HashMap<(Dev, u64), i64>,
     /// Node-wide: let go of mount namespaces whose processes have all been
     /// gone this long (a long-running tracer must not keep dead containers'
     /// /dev/shm alive). None: keep them until shmtrace exits.
-    pub release_idle_namespaces: Option<Duration>,
+    release_idle_namespaces: Option<Duration>,
     /// When each anchored namespace was last seen with a live process.
     ns_last_alive: HashMap<u32, Instant>,
     /// Who removed which /dev/shm file.
-    pub removals: removals::Removals,
+    removals: removals::Removals,
     /// Opens that found a /dev/shm name gone, held back a moment: a process
     /// that goes on to create the name was only looking (attach or create).
     missing: Vec<(failures::Failure, removals::Where)>,
@@ -99,6 +99,68 @@ impl State {
         let (ns, me) = (host.self_ns(), host.self_pid());
         s.refresh_mounts(host, ns, me);
         s
+    }
+
+    /// Node-wide: namespaces whose processes have all been gone for
+    /// `grace` are let go (their /dev/shm leaves the books).
+    pub fn release_idle_namespaces_after(&mut self, grace: Duration) {
+        self.release_idle_namespaces = Some(grace);
+    }
+
+    /// Closes every open incident (shmtrace is stopping).
+    pub fn close_incidents(&mut self, now_ns: u64) {
+        self.incidents.close_all(now_ns);
+    }
+
+    /// Closes incidents without a failure for `quiet_ns`.
+    pub fn close_quiet_incidents(&mut self, now_ns: u64, quiet_ns: u64) {
+        self.incidents.close_quiet(now_ns, quiet_ns);
+    }
+
+    /// CLOCK_MONOTONIC when shmtrace started.
+    pub fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+
+    /// The processes seen, live and recently exited.
+    pub fn procs(&self) -> &ProcessTree {
+        &self.procs
+    }
+
+    /// tmpfs files, who holds and who allocated them.
+    pub fn files(&self) -> &Files {
+        &self.files
+    }
+
+    /// Each tmpfs mount's size and use over time.
+    pub fn mount_stats(&self) -> &MountStats {
+        &self.mount_stats
+    }
+
+    /// Containers by cgroup, with their names.
+    pub fn containers(&self) -> &Containers {
+        &self.containers
+    }
+
+    /// The failures, in kernel order, and SIGBUS that were none.
+    pub fn failures(&self) -> &Failures {
+        &self.failures
+    }
+
+    /// Node-wide: one per failing mount.
+    pub fn incidents(&self) -> &incidents::Incidents {
+        &self.incidents
+    }
+
+    /// Counts of events, and the last events on each mount.
+    pub fn evidence(&self) -> &Evidence {
+        &self.evidence
+    }
+
+    /// For tests of what output renders from odd mount values.
+    #[cfg(test)]
+    pub(crate) fn mount_stats_mut(&mut self) -> &mut MountStats {
+        &mut self.mount_stats
     }
 
     /// Seconds since shmtrace started, for humans.
@@ -147,8 +209,8 @@ impl State {
     pub fn shm_users(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
             .files
-            .files
-            .values()
+            .all()
+            .into_iter()
             .flat_map(|f| f.fd_holders.iter().chain(&f.map_holders).copied())
             .filter(|&p| self.procs.get(p).is_some_and(|p| p.alive()))
             .collect();
@@ -402,8 +464,8 @@ impl State {
             self.files.looked_up(key, found);
         }
         self.files.trim();
-        let files = &self.files.files;
-        self.sizes.retain(|k, _| files.contains_key(k));
+        let files = &self.files;
+        self.sizes.retain(|k, _| files.contains(*k));
         self.files.update_bytes();
     }
 
@@ -421,7 +483,7 @@ impl State {
         }
         self.refresh_files(host);
         let mut devs = self.files.devs();
-        devs.extend(self.failures.touched.keys().copied());
+        devs.extend(self.failures.touched_devs());
         // Every known namespace's /dev/shm, files or not: its size matters
         // before anything fills it.
         let mut namespaces = host.anchored();
@@ -452,27 +514,22 @@ impl State {
                 .observe(&shown, host_mp, ns, usage, tracked);
             let view_ns = self.mounts.view_ns(dev, self_ns);
             let headroom = self.memory_headroom(host, dev, &mut memcg_reads);
-            if let Some(s) = self.mount_stats.by_dev.get_mut(&dev) {
-                s.view_ns = view_ns;
-                s.memory_room_bytes = headroom.as_ref().map(|(_, room)| *room);
-                if let Some(size) = s.size_bytes {
-                    s.memory_headroom = headroom.and_then(|(m, room)| {
-                        (size > room).then(|| {
-                            // In a Kubernetes pod: which emptyDir rule made the size.
-                            let pod_limit = headroom::pod_cgroup(&m.path)
-                                .and_then(|p| {
-                                    headroom::memcg_cached(host, &mut memcg_reads, m.version, p)
-                                })
-                                .and_then(|p| p.limit_bytes);
-                            headroom::headroom_words(&s.mountpoint, size, &m, room, pod_limit)
-                        })
-                    });
-                }
-            }
+            let room = headroom.as_ref().map(|(_, room)| *room);
+            self.mount_stats.set_memory_room(dev, view_ns, room, |s| {
+                let size = s.size_bytes?;
+                let (m, room) = headroom?;
+                (size > room).then(|| {
+                    // In a Kubernetes pod: which emptyDir rule made the size.
+                    let pod_limit = headroom::pod_cgroup(&m.path)
+                        .and_then(|p| headroom::memcg_cached(host, &mut memcg_reads, m.version, p))
+                        .and_then(|p| p.limit_bytes);
+                    headroom::headroom_words(&s.mountpoint, size, &m, room, pod_limit)
+                })
+            });
         }
         self.name_containers(host);
         for pid in self.procs.pids() {
-            let b = self.files.bytes.get(&pid).copied().unwrap_or_default();
+            let b = self.files.bytes_of(pid);
             let Some(p) = self.procs.get(pid) else {
                 continue;
             };

@@ -44,10 +44,40 @@ pub struct MountStat {
 /// namespace's /dev/shm, by device.
 #[derive(Default)]
 pub struct MountStats {
-    pub by_dev: BTreeMap<Dev, MountStat>,
+    by_dev: BTreeMap<Dev, MountStat>,
 }
 
 impl MountStats {
+    /// Every mount followed, in device order.
+    pub fn all(&self) -> impl Iterator<Item = &MountStat> {
+        self.by_dev.values()
+    }
+
+    pub fn get(&self, dev: Dev) -> Option<&MountStat> {
+        self.by_dev.get(&dev)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn all_mut(&mut self) -> impl Iterator<Item = &mut MountStat> {
+        self.by_dev.values_mut()
+    }
+
+    /// What a writer's memory cgroup leaves the mount (`room`), and the
+    /// warning when the mount is larger than that.
+    pub fn set_memory_room(
+        &mut self,
+        dev: Dev,
+        view_ns: u32,
+        room: Option<u64>,
+        headroom: impl FnOnce(&MountStat) -> Option<String>,
+    ) {
+        if let Some(s) = self.by_dev.get_mut(&dev) {
+            s.view_ns = view_ns;
+            s.memory_room_bytes = room;
+            s.memory_headroom = headroom(s);
+        }
+    }
+
     /// Keeps only these devices (mounts of namespaces let go leave).
     pub fn retain(&mut self, devs: &std::collections::BTreeSet<Dev>) {
         self.by_dev.retain(|d, _| devs.contains(d));

@@ -279,7 +279,7 @@ mod tests {
         };
         s.observe(&m, None, 1, Some(u(80)), 40);
         s.observe(&m, None, 1, Some(u(20)), 20);
-        let st = &s.by_dev[&m.dev];
+        let st = s.get(m.dev).unwrap();
         assert_eq!((st.used_bytes, st.peak_used_bytes), (Some(20), 80));
         assert_eq!(st.explained_share, Some(1.0));
     }

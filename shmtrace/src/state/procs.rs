@@ -96,10 +96,15 @@ pub struct ProcessTree {
     /// Exited pids, oldest first (a pid may have been reused since).
     exit_order: VecDeque<u32>,
     /// Exited processes forgotten so far.
-    pub forgotten: u64,
+    forgotten: u64,
 }
 
 impl ProcessTree {
+    /// Exited processes let go over the cap.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
     /// What an event header says about its process: name, parent, namespace, cgroup.
     pub fn seen(&mut self, h: &Header) {
         // A pid reused after an exit we kept: a new process.

@@ -40,7 +40,7 @@ pub struct Removals {
     /// Insertion order, for forgetting the oldest.
     order: VecDeque<Where>,
     /// Removals seen in all (not only those kept).
-    pub seen: u64,
+    seen: u64,
 }
 
 impl Removals {

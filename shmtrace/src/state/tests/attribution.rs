@@ -33,7 +33,7 @@ fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
         &mut host,
     );
     st.tick(&mut host);
-    let f = &st.files.files[&(SHM, 100)];
+    let f = &st.files.get((SHM, 100)).unwrap();
     assert_eq!(f.creator, Some(12));
     assert_eq!(f.allocated_by.get(&12), Some(&(4 * MIB)));
     assert_eq!(
@@ -41,7 +41,7 @@ fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
         vec![10, 12]
     );
     assert_eq!(st.procs.get(10).unwrap().held_bytes, 4 * MIB);
-    assert_eq!(st.mount_stats.by_dev[&SHM].tracked_bytes, 4 * MIB);
+    assert_eq!(st.mount_stats.get(SHM).unwrap().tracked_bytes, 4 * MIB);
 
     // The worker exits, the trainer closes it: unlinked and unheld, freed.
     st.apply(
@@ -61,7 +61,7 @@ fn bytes_are_credited_to_the_creator_and_freed_files_leave() {
         &mut host,
     );
     st.tick(&mut host);
-    assert!(st.files.files.is_empty(), "{:?}", st.files.files.keys());
+    assert!(st.files.is_empty(), "{:?}", st.files.all());
     assert_eq!(st.procs.get(10).unwrap().held_bytes, 0);
     assert_eq!(st.procs.get(10).unwrap().peak_held_bytes, 4 * MIB);
 }
@@ -144,7 +144,7 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
     );
     assert_eq!(host.anchored(), vec![pod_ns]);
     assert_eq!(st.mounts.by_dev(pod_shm).unwrap().mountpoint, "/dev/shm");
-    assert!(st.files.files.contains_key(&(pod_shm, 5)));
+    assert!(st.files.contains((pod_shm, 5)));
 
     st.release_idle_namespaces = Some(Duration::ZERO);
     st.apply(
@@ -158,8 +158,8 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
     std::thread::sleep(Duration::from_millis(2));
     st.tick(&mut host);
     assert_eq!(host.released, vec![pod_ns]);
-    assert!(!st.files.files.contains_key(&(pod_shm, 5)));
-    assert!(!st.mount_stats.by_dev.contains_key(&pod_shm));
+    assert!(!st.files.contains((pod_shm, 5)));
+    assert!(!st.mount_stats.get(pod_shm).is_some());
 }
 
 #[test]
@@ -245,14 +245,14 @@ fn a_named_file_unlinked_while_nobody_held_it_leaves_the_books() {
         &mut host,
     );
     st.tick(&mut host);
-    let f = &st.files.files[&(SHM, 300)];
+    let f = &st.files.get((SHM, 300)).unwrap();
     assert!(!f.unlinked && f.holders().is_empty());
     assert_eq!(f.allocated_bytes, MIB);
     // Someone runs `rm /dev/shm/psm_x`: no event, but the name is gone.
     host.names.clear();
     st.tick(&mut host);
     assert!(
-        !st.files.files.contains_key(&(SHM, 300)),
+        !st.files.contains((SHM, 300)),
         "a freed file must not stay listed as linked"
     );
     assert_eq!(st.files.bytes_on(SHM), 0);
@@ -310,12 +310,12 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
         "{} processes kept",
         st.procs.len()
     );
-    assert!(st.procs.forgotten >= 20_000 - procs::KEEP_EXITED as u64);
+    assert!(st.procs.forgotten() >= 20_000 - procs::KEEP_EXITED as u64);
     assert!(st.procs.contains(7), "a failed process stays");
     assert!(
-        st.files.files.is_empty(),
+        st.files.is_empty(),
         "unlinked files of exited processes are freed"
     );
-    assert!(st.files.bytes.len() <= procs::KEEP_EXITED + 2);
+    assert!(st.files.procs_counted() <= procs::KEEP_EXITED + 2);
     assert_eq!(st.failures.len(), 1);
 }

@@ -163,7 +163,10 @@ fn sigbus_in_a_tmpfs_mapping_is_the_first_failure_with_file_and_offset() {
     assert!(f.cause.contains("full"), "{}", f.cause);
     assert_eq!(f.ancestry.first().map(|a| a.pid), Some(10));
     // The mount as it stood at its first failure is kept.
-    assert_eq!(st.failures.touched[&SHM].used_bytes, Some(64 * MIB));
+    assert_eq!(
+        st.failures.at_first_failure(SHM).unwrap().used_bytes,
+        Some(64 * MIB)
+    );
     assert_eq!(f.events_before.len(), 3, "open, ftruncate, mmap");
 }
 
