@@ -49,11 +49,3 @@ impl Report {
         }
     }
 }
-
-impl std::ops::Deref for Report {
-    type Target = Facts;
-
-    fn deref(&self) -> &Facts {
-        &self.facts
-    }
-}

@@ -1,6 +1,7 @@
 //! Modes: how processes are picked and when tracing stops. Each wires
 //! capture, state, analysis and output together through a `Session`.
 
+mod cuda;
 pub mod demo;
 pub mod doctor;
 pub mod node;

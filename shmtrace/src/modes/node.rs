@@ -13,10 +13,7 @@ use super::session::{Outputs, Session};
 use crate::{
     capture,
     host::procfs::all_pids,
-    output::{
-        metrics,
-        serve::{self, Render},
-    },
+    output::serve::{self, Render},
 };
 
 /// The next scrape waiting for metrics, or never when there is no endpoint.
@@ -37,14 +34,12 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut session = Session::start(outputs, true)?;
-    session
-        .state
-        .release_idle_namespaces_after(Duration::from_secs(ns_grace));
+    session.release_idle_namespaces_after(Duration::from_secs(ns_grace));
     let now = capture::monotonic_ns();
     // Seed from /proc once: who maps or holds tmpfs files right now.
     for pid in all_pids()? {
         if session.add_existing(pid, now, false) {
-            session.tracer.mark_shm_mapped(pid);
+            session.mark_shm_mapped(pid);
         }
     }
     // Listening before saying so: a scrape right after the line must work.
@@ -63,7 +58,7 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             _ = sigterm.recv() => break,
             _ = sighup.recv() => break,
             Some(reply) = scrape(scrapes.as_mut()) => {
-                let body = metrics::render(&session.state, &session.tracer.counters(), keep);
+                let body = session.metrics(keep);
                 let _ = reply.send(body);
             }
             _ = session.step(Duration::from_millis(200)) => {}

@@ -30,19 +30,19 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
     let now = capture::monotonic_ns();
     // Trace the root first so forks from now on are followed by the kernel,
     // then pick up what already exists (twice, to catch forks in between).
-    session.tracer.trace(pid, traced::REPORT | traced::FOLLOW)?;
+    session.trace(pid, traced::REPORT | traced::FOLLOW)?;
     add(&mut session, pid, now, true);
     for _ in 0..2 {
         for d in descendants(pid) {
-            if !session.state.procs().contains(d) {
-                session.tracer.trace(d, traced::REPORT | traced::FOLLOW)?;
+            if !session.state().procs().contains(d) {
+                session.trace(d, traced::REPORT | traced::FOLLOW)?;
                 add(&mut session, d, now, false);
             }
         }
     }
     eprintln!(
         "shmtrace: tracing pid {pid} and {} descendant(s); Ctrl-C to stop",
-        session.state.procs().len() - 1
+        session.state().procs().len() - 1
     );
 
     let mut last_check = Instant::now();
@@ -56,7 +56,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
             // Exit events say who is gone; /proc confirms (an event can be lost).
-            if !session.state.live_pids().into_iter().any(alive) {
+            if !session.state().live_pids().into_iter().any(alive) {
                 break;
             }
         }
@@ -67,7 +67,7 @@ pub async fn attach(pid: u32, outputs: Outputs) -> Result<i32> {
 
 fn add(session: &mut Session, pid: u32, ts: u64, root: bool) {
     if session.add_existing(pid, ts, root) {
-        session.tracer.mark_shm_mapped(pid);
+        session.mark_shm_mapped(pid);
     }
 }
 

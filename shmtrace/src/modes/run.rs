@@ -77,7 +77,7 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
     if opts.mode == "demo" {
         // The demo succeeds when it reproduced a failure and diagnosed it.
         let (report, code) = run_once(&opts, opts.shm_size, opts.outputs.clone()).await?;
-        return Ok(if report.first_failure.is_some() {
+        return Ok(if report.facts.first_failure.is_some() {
             eprintln!(
                 "shmtrace demo: reproduced and diagnosed (the demo job itself exited with status {code}, as a failing training job does)"
             );
@@ -124,7 +124,7 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         },
     )
     .await?;
-    let gone = rerun.failures.is_empty();
+    let gone = rerun.facts.failures.is_empty();
     let verdict = if gone {
         format!(
             "with /dev/shm at {} MiB the command ran without a shared-memory failure (exit {rerun_code}): the fix works",
@@ -220,9 +220,9 @@ async fn run_once(
     // shmtrace follows its own forks only while it starts CMD: the kernel
     // then traces CMD from the fork on, before its first instruction.
     let me = std::process::id();
-    session.tracer.trace(me, traced::FOLLOW)?;
+    session.trace(me, traced::FOLLOW)?;
     let spawned = cmd.spawn();
-    session.tracer.untrace(me);
+    session.untrace(me);
     let child = match spawned {
         Ok(c) => c,
         Err(e) => {

@@ -45,15 +45,15 @@ pub struct Outputs {
 }
 
 pub struct Session {
-    pub tracer: Tracer,
-    pub state: State,
-    pub host: ProcHost,
+    tracer: Tracer,
+    state: State,
+    host: ProcHost,
     events_out: Option<BufWriter<File>>,
     outputs: Outputs,
     start_ns: u64,
     last_tick: std::time::Instant,
-    /// Where the last CUDA library search stopped (pids in turn).
-    cuda_cursor: u32,
+    /// Which CUDA libraries get the CUDA IPC uretprobes.
+    cuda: super::cuda::CudaWatch,
     live: Option<Live>,
     /// Node-wide (one diagnosis per incident) or one job.
     node: bool,
@@ -98,7 +98,7 @@ impl Session {
             outputs,
             start_ns,
             last_tick: std::time::Instant::now(),
-            cuda_cursor: 0,
+            cuda: Default::default(),
             live,
             node: all_processes,
             incidents,
@@ -197,54 +197,42 @@ impl Session {
         }
     }
 
-    /// CUDA libraries mapped by traced processes get the CUDA IPC
-    /// uretprobes. Which processes are looked at, at most 32 a second in
-    /// turn: every traced one with `run` and `--pid`; node-wide, those that
-    /// use shared memory (a /proc/PID/maps read each, so not every process
-    /// of the node).
     fn find_cuda(&mut self) {
-        let mut pids: Vec<u32> = if self.node {
+        let pids = if self.node {
             self.state.shm_users()
         } else {
             self.state.live_pids()
         };
-        pids.sort_unstable();
-        let start = pids.partition_point(|&p| p <= self.cuda_cursor);
-        let turn: Vec<u32> = pids[start..]
-            .iter()
-            .chain(&pids[..start])
-            .take(32)
-            .copied()
-            .collect();
-        self.cuda_cursor = turn.last().copied().unwrap_or(0);
-        for pid in turn {
-            for m in self.host.maps(pid) {
-                let Some(name) = m.name.as_deref() else {
-                    continue;
-                };
-                if !(name.starts_with("libcudart.so") || name.starts_with("libcuda.so")) {
-                    continue;
-                }
-                // The very file mapped, whatever the process's mount
-                // namespace: no path it controls is followed.
-                let link = std::path::PathBuf::from(format!(
-                    "/proc/{pid}/map_files/{:x}-{:x}",
-                    m.start.0, m.end.0
-                ));
-                match self
-                    .tracer
-                    .attach_cuda(&link, name, (m.dev.0 as u64, m.ino))
-                {
-                    Ok(true) => self.tracer.notes.push(format!(
-                        "CUDA IPC calls watched in {name} (mapped by pid {pid})"
-                    )),
-                    Ok(false) => {}
-                    Err(e) => self.tracer.notes.push(format!(
-                        "cannot watch CUDA IPC calls in {name} of pid {pid}: {e:#}"
-                    )),
-                }
-            }
-        }
+        self.cuda.look(pids, &self.host, &mut self.tracer);
+    }
+
+    /// Traces `pid` (see `traced` flags in shmtrace-common).
+    pub fn trace(&mut self, pid: u32, flags: u32) -> Result<()> {
+        self.tracer.trace(pid, flags)
+    }
+
+    pub fn untrace(&mut self, pid: u32) {
+        self.tracer.untrace(pid);
+    }
+
+    /// `pid` maps tmpfs already: its mmaps and closes matter from now.
+    pub fn mark_shm_mapped(&mut self, pid: u32) {
+        self.tracer.mark_shm_mapped(pid);
+    }
+
+    /// What state knows now.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The metrics page as it stands now.
+    pub fn metrics(&self, keep: output::metrics::LabelSet) -> String {
+        output::metrics::render(&self.state, &self.tracer.counters(), keep)
+    }
+
+    /// Node-wide: see [`State::release_idle_namespaces_after`].
+    pub fn release_idle_namespaces_after(&mut self, grace: Duration) {
+        self.state.release_idle_namespaces_after(grace);
     }
 
     /// The report as it stands now.

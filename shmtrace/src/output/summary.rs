@@ -13,22 +13,22 @@ const MAX_COLLATERAL: usize = 10;
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let procs = |pid: u32| r.processes.iter().find(|p| p.pid == pid);
+    let procs = |pid: u32| r.facts.processes.iter().find(|p| p.pid == pid);
     let who = |pid: u32, comm: &str| format!("pid {pid} ({comm})");
 
-    let Some(first) = &r.first_failure else {
+    let Some(first) = &r.facts.first_failure else {
         let _ = writeln!(
             s,
             "shmtrace: no shared-memory failure seen ({} processes traced, {} events, {:.1}s).",
-            r.processes.len(),
-            r.events_received,
-            r.duration_s
+            r.facts.processes.len(),
+            r.facts.events_received,
+            r.facts.duration_s
         );
-        if !r.other_sigbus.is_empty() {
+        if !r.facts.other_sigbus.is_empty() {
             let _ = writeln!(
                 s,
                 "  {} SIGBUS not caused by tmpfs (see the report's other_sigbus).",
-                r.other_sigbus.len()
+                r.facts.other_sigbus.len()
             );
         }
         lost_line(&mut s, r);
@@ -134,7 +134,7 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(s, "  ancestry       {}", chain.join(" <- "));
     }
 
-    let rest: Vec<&Failure> = r.failures.iter().skip(1).collect();
+    let rest: Vec<&Failure> = r.facts.failures.iter().skip(1).collect();
     if !rest.is_empty() {
         let _ = writeln!(s);
         let _ = writeln!(
@@ -161,7 +161,7 @@ pub fn render(r: &Report) -> String {
         }
     }
     let failed_pids: Vec<u32> = {
-        let mut v: Vec<u32> = r.failures.iter().map(|f| f.pid).collect();
+        let mut v: Vec<u32> = r.facts.failures.iter().map(|f| f.pid).collect();
         v.sort();
         v.dedup();
         v
@@ -179,7 +179,8 @@ pub fn render(r: &Report) -> String {
              pid order (PyTorch's DataLoader) names; it failed {} after pid {}.",
             failed_pids[0],
             delay(
-                r.failures
+                r.facts
+                    .failures
                     .iter()
                     .find(|f| f.pid == failed_pids[0])
                     .map(|f| f.delay_ns)
@@ -247,6 +248,7 @@ pub fn render(r: &Report) -> String {
         }
     }
     if let Some(f) = r
+        .facts
         .first_failure
         .as_ref()
         .filter(|f| !f.events_before.is_empty())
@@ -270,22 +272,26 @@ pub fn render(r: &Report) -> String {
 
 fn lost_line(s: &mut String, r: &Report) {
     for m in r
+        .facts
         .mounts
         .iter()
         .filter_map(|m| m.stat.memory_headroom.as_deref())
     {
         let _ = writeln!(s, "  warning        {m}");
     }
-    if r.lost_events > 0 {
+    if r.facts.lost_events > 0 {
         let _ = writeln!(
             s,
             "  LOST EVENTS    {} (events ring {}, failures ring {}, children not followed {}): the picture may be incomplete",
-            r.lost_events, r.lost.events_ring, r.lost.failures_ring, r.lost.traced_map_full
+            r.facts.lost_events,
+            r.facts.lost.events_ring,
+            r.facts.lost.failures_ring,
+            r.facts.lost.traced_map_full
         );
     } else {
         let _ = writeln!(s, "  lost events    0");
     }
-    let held = &r.suppressed;
+    let held = &r.facts.suppressed;
     if held.failure_records + held.sent_sigbus > 0 {
         let who: Vec<String> = held
             .by_process
@@ -306,7 +312,7 @@ fn lost_line(s: &mut String, r: &Report) {
             who.join("; ")
         );
     }
-    let d = &r.dropped;
+    let d = &r.facts.dropped;
     if d.failures + d.other_sigbus + d.files > 0 {
         let _ = writeln!(
             s,
@@ -314,7 +320,7 @@ fn lost_line(s: &mut String, r: &Report) {
             d.failures, d.other_sigbus, d.files
         );
     }
-    let stalls = &r.host_reads;
+    let stalls = &r.facts.host_reads;
     if stalls.timed_out + stalls.skipped > 0 {
         let _ = writeln!(
             s,
@@ -322,7 +328,7 @@ fn lost_line(s: &mut String, r: &Report) {
             stalls.timed_out, stalls.skipped
         );
     }
-    for n in &r.notes {
+    for n in &r.facts.notes {
         let _ = writeln!(s, "  note: {n}");
     }
 }

@@ -159,7 +159,7 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
     st.tick(&mut host);
     assert_eq!(host.released, vec![pod_ns]);
     assert!(!st.files.contains((pod_shm, 5)));
-    assert!(!st.mount_stats.get(pod_shm).is_some());
+    assert!(st.mount_stats.get(pod_shm).is_none());
 }
 
 #[test]
