@@ -47,6 +47,8 @@ pub struct Blocking {
     threads: Arc<AtomicUsize>,
     idle: Arc<AtomicUsize>,
     book: Mutex<Book>,
+    /// How long a read is waited for ([`TIMEOUT`] but in tests).
+    timeout: Duration,
 }
 
 impl Default for Blocking {
@@ -57,6 +59,10 @@ impl Default for Blocking {
 
 impl Blocking {
     pub fn new() -> Self {
+        Self::with_timeout(TIMEOUT)
+    }
+
+    pub fn with_timeout(timeout: Duration) -> Self {
         let (jobs, rx) = mpsc::channel();
         Self {
             jobs,
@@ -67,6 +73,7 @@ impl Blocking {
                 stuck: HashMap::new(),
                 stalls: Stalls::default(),
             }),
+            timeout,
         }
     }
 
@@ -140,7 +147,7 @@ impl Blocking {
                 finished.store(true, Ordering::SeqCst);
             }))
             .ok()?;
-        match rx.recv_timeout(TIMEOUT) {
+        match rx.recv_timeout(self.timeout) {
             Ok(v) => Some(v),
             Err(_) => {
                 if let Ok(mut b) = self.book.lock() {
@@ -161,28 +168,24 @@ impl Blocking {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
+
+    /// A read that blocks until the test lets it go.
+    fn stuck() -> (mpsc::Sender<()>, impl FnOnce() -> u32 + Send + 'static) {
+        let (release, wait) = mpsc::channel::<()>();
+        (release, move || {
+            let _ = wait.recv();
+            5
+        })
+    }
 
     #[test]
     fn a_stuck_read_times_out_then_is_skipped_and_others_go_on() {
-        let b = Blocking::new();
+        let b = Blocking::with_timeout(Duration::from_millis(50));
         assert_eq!(b.run(|| "a".into(), || 1 + 1), Some(2));
-        let (release, wait) = mpsc::channel::<()>();
-        let t = Instant::now();
-        assert_eq!(
-            b.run(
-                || "stuck".into(),
-                move || {
-                    let _ = wait.recv();
-                }
-            ),
-            None
-        );
-        assert!(t.elapsed() >= TIMEOUT && t.elapsed() < TIMEOUT * 4);
-        // Asked again: no wait at all.
-        let t = Instant::now();
-        assert_eq!(b.run(|| "stuck".into(), || ()), None);
-        assert!(t.elapsed() < TIMEOUT / 2);
+        let (release, read) = stuck();
+        assert_eq!(b.run(|| "stuck".into(), read), None);
+        // Asked again while it hangs: skipped, not run (it would answer).
+        assert_eq!(b.run(|| "stuck".into(), || 9), None);
         // Other reads still answer, on a new worker.
         assert_eq!(b.run(|| "b".into(), || 7), Some(7));
         assert_eq!(
@@ -193,5 +196,38 @@ mod tests {
             }
         );
         let _ = release.send(());
+    }
+
+    #[test]
+    fn a_key_is_read_again_once_its_stuck_read_returns() {
+        let b = Blocking::with_timeout(Duration::from_millis(50));
+        let (release, read) = stuck();
+        assert_eq!(b.run(|| "k".into(), read), None);
+        release.send(()).unwrap();
+        // Polled against a deadline: the worker returns when it is scheduled.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut answer = None;
+        while answer.is_none() && std::time::Instant::now() < deadline {
+            answer = b.run(|| "k".into(), || 3);
+            std::thread::yield_now();
+        }
+        assert_eq!(answer, Some(3));
+    }
+
+    #[test]
+    fn past_the_thread_cap_reads_are_skipped_and_counted() {
+        let b = Blocking::with_timeout(Duration::from_millis(20));
+        let mut releases = Vec::new();
+        for i in 0..MAX_THREADS {
+            let (release, read) = stuck();
+            releases.push(release);
+            assert_eq!(b.run(move || format!("k{i}"), read), None);
+        }
+        assert_eq!(b.run(|| "fresh".into(), || 1), None, "no worker left");
+        let s = b.stalls();
+        assert_eq!((s.timed_out, s.skipped), (MAX_THREADS as u64, 1));
+        for r in releases {
+            let _ = r.send(());
+        }
     }
 }

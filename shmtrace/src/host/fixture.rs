@@ -43,9 +43,17 @@ pub struct Fixture {
     pub container_names: HashMap<String, Names>,
     /// Reads that stalled, as the real host counts them.
     pub stalls: Stalls,
+    /// The clock state reads; tests move it with `advance`.
+    pub clock: Option<std::time::Instant>,
 }
 
 impl Fixture {
+    /// Moves the fixture's clock on by `d`.
+    pub fn advance(&mut self, d: std::time::Duration) {
+        let now = self.now();
+        self.clock = Some(now + d);
+    }
+
     /// A host whose own namespace has a tmpfs /dev/shm `dev` of `size` bytes.
     pub fn with_shm(dev: Dev, size: u64) -> Self {
         let mut f = Self::default();
@@ -95,6 +103,12 @@ impl Fixture {
 }
 
 impl Host for Fixture {
+    fn now(&self) -> std::time::Instant {
+        // Fixed until a test advances it.
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        self.clock
+            .unwrap_or_else(|| *EPOCH.get_or_init(std::time::Instant::now))
+    }
     fn self_pid(&self) -> u32 {
         SELF_PID
     }

@@ -87,6 +87,11 @@ pub struct MapsEntry {
 }
 
 pub trait Host {
+    /// Now, on a monotonic clock: state's only source of time beyond the
+    /// kernel's event stamps (a fixture sets it).
+    fn now(&self) -> std::time::Instant {
+        std::time::Instant::now()
+    }
     /// shmtrace's own pid and mount namespace.
     fn self_pid(&self) -> u32;
     fn self_ns(&self) -> u32;

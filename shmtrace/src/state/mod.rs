@@ -418,7 +418,7 @@ impl State {
     /// Node-wide: releases anchors of namespaces without live processes for
     /// a grace period (kept that long so late failures there still resolve).
     fn release_idle_namespaces(&mut self, host: &mut dyn Host, grace: Duration) {
-        let now = Instant::now();
+        let now = host.now();
         let live: BTreeSet<u32> = self.procs.alive().map(|p| p.mnt_ns).collect();
         for ns in host.anchored() {
             if live.contains(&ns) {

@@ -146,7 +146,7 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
     assert_eq!(st.mounts.by_dev(pod_shm).unwrap().mountpoint, "/dev/shm");
     assert!(st.files.contains((pod_shm, 5)));
 
-    st.release_idle_namespaces = Some(Duration::ZERO);
+    st.release_idle_namespaces = Some(Duration::from_secs(60));
     st.apply(
         &Event::Exit {
             h: h.clone(),
@@ -155,7 +155,10 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
         &mut host,
     );
     st.tick(&mut host); // first seen idle
-    std::thread::sleep(Duration::from_millis(2));
+    host.advance(Duration::from_secs(59));
+    st.tick(&mut host);
+    assert!(host.released.is_empty(), "still within the grace");
+    host.advance(Duration::from_secs(2));
     st.tick(&mut host);
     assert_eq!(host.released, vec![pod_ns]);
     assert!(!st.files.contains((pod_shm, 5)));
