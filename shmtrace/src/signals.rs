@@ -42,23 +42,29 @@ pub fn sigbus_code_name(code: i32) -> &'static str {
     }
 }
 
-pub fn errno_name(e: i32) -> &'static str {
-    match e {
-        1 => "EPERM",
-        2 => "ENOENT",
-        9 => "EBADF",
-        12 => "ENOMEM",
-        13 => "EACCES",
-        17 => "EEXIST",
-        19 => "ENODEV",
-        22 => "EINVAL",
-        23 => "ENFILE",
-        24 => "EMFILE",
-        27 => "EFBIG",
-        28 => "ENOSPC",
-        75 => "EOVERFLOW",
-        122 => "EDQUOT",
-        _ => "?",
+/// An errno as the kernel headers and strace name it ("ENOSPC"), from
+/// nix's table of every errno Linux has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrnoName(pub nix::errno::Errno);
+
+impl ErrnoName {
+    pub fn of(e: i32) -> Self {
+        Self(nix::errno::Errno::from_raw(e))
+    }
+}
+
+impl std::fmt::Display for ErrnoName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            nix::errno::Errno::UnknownErrno => f.write_str("?"),
+            e => write!(f, "{e:?}"),
+        }
+    }
+}
+
+impl serde::Serialize for ErrnoName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -68,5 +74,28 @@ pub fn errno_text(e: i32) -> String {
     match s.find(" (os error") {
         Some(i) => s[..i].to_string(),
         None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errnos_are_named_as_strace_names_them() {
+        assert_eq!(ErrnoName::of(libc::ENOSPC).to_string(), "ENOSPC");
+        assert_eq!(ErrnoName::of(libc::EDQUOT).to_string(), "EDQUOT");
+        assert_eq!(ErrnoName::of(libc::ENOTTY).to_string(), "ENOTTY");
+        assert_eq!(ErrnoName::of(100_000).to_string(), "?");
+        assert_eq!(errno_text(libc::ENOSPC), "No space left on device");
+    }
+
+    #[test]
+    fn signals_and_si_codes_have_their_names() {
+        assert_eq!(describe(7), "signal 7 (Bus error)");
+        assert_eq!(describe(64), "signal 64");
+        assert_eq!(sigbus_code_name(2), "BUS_ADRERR");
+        assert_eq!(sigbus_code_name(-6), "SI_TKILL");
+        assert_eq!(sigbus_code_name(99), "?");
     }
 }

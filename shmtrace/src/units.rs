@@ -1,4 +1,22 @@
-//! Byte counts and durations for humans.
+//! Byte counts and durations for humans, and the sizes they are made of.
+
+/// One mebibyte: --shm-size and tmpfs size= count in these.
+pub const MIB: u64 = 1 << 20;
+
+/// The kernel's page size: what a tmpfs allocates in, and the unit of its
+/// superblock's counters (4 KiB on x86_64; 16 or 64 KiB on some arm64
+/// kernels). Asked of the kernel once.
+pub fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| u64::try_from(p).ok())
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096)
+    })
+}
 
 pub fn human_bytes(b: u64) -> String {
     const K: f64 = 1024.0;

@@ -266,8 +266,50 @@ impl Drop for Cleanup {
     }
 }
 
+/// Collects what `child` writes to its (piped) stderr, in the background.
+pub struct Captured {
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Captured {
+    pub fn stderr(child: &mut Child) -> Self {
+        use std::io::BufRead;
+        let pipe = child.stderr.take().expect("stderr piped");
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let into = text.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut t = into.lock().unwrap();
+                t.push_str(&line);
+                t.push('\n');
+            }
+        });
+        Self { text, reader }
+    }
+
+    /// Waits until a line `ok` accepts has come (fails after 20 s).
+    pub fn until(&self, what: &str, ok: impl Fn(&str) -> bool) {
+        let start = Instant::now();
+        while !self.text.lock().unwrap().lines().any(&ok) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "never printed {what}: {}",
+                self.text.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything, once the child has closed its stderr.
+    pub fn all(self) -> String {
+        let _ = self.reader.join();
+        self.text.lock().unwrap().clone()
+    }
+}
+
 /// Reads the periodic report until `ok` accepts it (or fails after 20 s).
-pub fn report_until(path: &Path, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+pub fn report_until(path: &Path, what: &str, mut ok: impl FnMut(&Value) -> bool) -> Value {
     let start = Instant::now();
     loop {
         if let Ok(text) = std::fs::read_to_string(path)

@@ -469,31 +469,28 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
         .spawn()
         .unwrap();
     cleanup.pids.push(tracer.id());
-    std::thread::sleep(Duration::from_millis(2500));
+    let err = Captured::stderr(&mut tracer);
+    // The once-a-second line, once it has the job's mount.
+    err.until("a status line with the mount", |l| {
+        l.starts_with("shmtrace +") && l.contains("/dev/shm 10.0 MiB/32.0 MiB")
+    });
     std::fs::write(&finish, "").unwrap();
     job.wait().unwrap();
-    let mut err = String::new();
-    tracer
-        .stderr
-        .as_mut()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
     assert!(tracer.wait().unwrap().success());
+    let err = err.all();
     assert!(!err.contains('\x1b'), "escape codes in a pipe: {err:?}");
-    assert!(
-        err.lines()
-            .any(|l| l.starts_with("shmtrace +") && l.contains("/dev/shm 10.0 MiB/32.0 MiB")),
-        "{err}"
-    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// shmtrace's anchor processes (one per watched mount namespace).
-fn anchors_of(tracer: u32) -> usize {
+/// shmtrace's anchor processes (one per watched mount namespace) in
+/// mount namespace `ns` (a /proc/PID/ns/mnt link).
+fn anchors_in(tracer: u32, ns: &str) -> usize {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path().join("ns/mnt")).is_ok_and(|l| l.to_string_lossy() == ns)
+        })
         .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
         .filter(|s| {
             let after = s.rsplit(')').next().unwrap_or("");
@@ -514,9 +511,6 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     let mut tracer = start_node_wide(&["--ns-grace", "1"], &report);
     cleanup.pids.push(tracer.id());
 
-    // Namespaces of other processes on this machine stay anchored.
-    std::thread::sleep(Duration::from_millis(1500));
-    let baseline = anchors_of(tracer.id());
     let exe = workload("hold");
     let argv = in_private_ns(&format!(
         "mount -t tmpfs -o size=24m tmpfs /dev/shm && exec {} /dev/shm/data 3 {}",
@@ -529,6 +523,10 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
         .spawn()
         .unwrap();
     let _truth = first_json(&mut job);
+    let ns = std::fs::read_link(format!("/proc/{}/ns/mnt", job.id()))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let has_mount = |r: &Value| {
         r["mounts"]
             .as_array()
@@ -536,8 +534,8 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     };
     report_until(&report, "the job's 24 MiB /dev/shm", has_mount);
     assert_eq!(
-        anchors_of(tracer.id()),
-        baseline + 1,
+        anchors_in(tracer.id(), &ns),
+        1,
         "its namespace is anchored while it runs"
     );
 
@@ -546,7 +544,7 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     // After the grace period the namespace is let go: no anchor, no mount.
     report_until(&report, "the mount gone", |r| !has_mount(r));
     let start = Instant::now();
-    while anchors_of(tracer.id()) > baseline {
+    while anchors_in(tracer.id(), &ns) > 0 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "anchor still there"

@@ -167,15 +167,9 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
     let port = 21000 + std::process::id() % 1000;
     let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
     cleanup.pids.push(tracer.id());
-    std::thread::sleep(Duration::from_secs(2));
+    // Its first tick done: the state of the node as it was.
+    report_until(&report, "a first report", |r| r["processes"].is_array());
     let before = rss_kib(tracer.id());
-    // Scrapes during the churn: a flood of events must not starve them.
-    let scraper = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(3));
-        let start = Instant::now();
-        let body = http_get(port, "/metrics");
-        (start.elapsed(), body)
-    });
     // A process that lives long enough to be read, with a 64 KiB argument.
     let mut long = Command::new("sh")
         .args(["-c", "sleep 120", "sh"])
@@ -190,18 +184,47 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
         "size=64m",
         &format!("exec {} 20000 /dev/shm", exe.display()),
     );
-    let out = Command::new(&argv[0])
+    let churn = Command::new(&argv[0])
         .args(&argv[1..])
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
+        .spawn()
         .unwrap();
+    cleanup.pids.push(churn.id());
+    // Scrapes during the churn: a flood of events must not starve them.
+    report_until(&report, "the churn under way", |r| {
+        r["processes"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["comm"] == "exe"))
+    });
+    let start = Instant::now();
+    let body = http_get(port, "/metrics");
+    let took = start.elapsed();
+    let out = churn.wait_with_output().unwrap();
     assert_eq!(truth(&String::from_utf8_lossy(&out.stdout))["done"], 20000);
-    let (took, body) = scraper.join().unwrap();
     assert!(
         body.contains("shmtrace_tracked_processes") && took < Duration::from_secs(5),
         "a scrape during the churn took {took:?}: {body}"
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // The backlog applied: two reports in a row (a tick apart) with the
+    // same event count.
+    let mut last: Option<(f64, u64)> = None;
+    report_until(&report, "the churn's events all applied", |r| {
+        let (Some(t), Some(n)) = (r["duration_s"].as_f64(), r["events_received"].as_u64()) else {
+            return false;
+        };
+        match last {
+            Some((t0, n0)) if t0 != t => {
+                last = Some((t, n));
+                n0 == n
+            }
+            Some(_) => false,
+            None => {
+                last = Some((t, n));
+                false
+            }
+        }
+    });
     let after = rss_kib(tracer.id());
     signal(tracer.id(), libc::SIGINT);
     assert!(tracer.wait().unwrap().success());

@@ -17,7 +17,7 @@ use crate::{
     units::human_bytes,
 };
 
-const MIB: u64 = 1 << 20;
+use crate::units::MIB;
 /// Sizes are rounded up to this, the way people write --shm-size.
 const ROUND: u64 = 64 * MIB;
 
@@ -187,7 +187,9 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
             "{role} was the first to fail: {}() on {} returned {}{failed_at}.",
             first.syscall.map_or("a syscall", |s| s.name()),
             first.path.as_deref().unwrap_or("a shared-memory file"),
-            first.errno_name.unwrap_or("an error")
+            first
+                .errno_name
+                .map_or("an error".into(), |e| e.to_string())
         ),
     };
     match r.failures.len() {

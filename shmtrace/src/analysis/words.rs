@@ -3,7 +3,7 @@
 
 use crate::state::containers::Container;
 
-const MIB: u64 = 1 << 20;
+use crate::units::MIB;
 
 /// The size in the words of the runtime that made this container.
 pub fn runtime_fix(c: &Container, mib: u64) -> Option<String> {

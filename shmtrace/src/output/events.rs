@@ -70,7 +70,10 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
         Event::SyscallFailed { errno, call, .. } => {
             put("syscall", json!(call.syscall().name()));
             put("errno", json!(errno));
-            put("errno_name", json!(signals::errno_name(*errno)));
+            put(
+                "errno_name",
+                json!(signals::ErrnoName::of(*errno).to_string()),
+            );
             match call {
                 FailedCall::Open { path, dirfd, .. } => {
                     put("path", json!(crate::escape::str(path)));
@@ -203,6 +206,5 @@ mod tests {
         assert_eq!(v["si_code_name"], "BUS_ADRERR");
         assert_eq!(v["si_addr"], "0x1000");
         assert_eq!(v["comm"], "ev\\x0ail");
-        assert!(serde_json::to_string(&v).unwrap().lines().count() == 1);
     }
 }

@@ -355,7 +355,7 @@ fn what(f: &Failure) -> String {
             let sc = f.syscall.map_or("?", |s| s.name());
             let err = format!(
                 "{} ({})",
-                f.errno_name.unwrap_or("?"),
+                f.errno_name.map_or("?".into(), |e| e.to_string()),
                 signals::errno_text(f.errno.unwrap_or(0))
             );
             match (f.offset, f.bytes) {

@@ -126,7 +126,7 @@ pub struct Call<'a> {
 }
 
 const PROT_EXEC: u64 = 0x4;
-const MIB: u64 = 1 << 20;
+use crate::units::MIB;
 
 pub fn explain(c: &Call) -> Explained {
     let sc = c.syscall.name();

@@ -4,7 +4,7 @@
 //! lies on a tmpfs mount; everything else is kept aside or dropped.
 
 use super::{
-    PAGE, State,
+    State,
     causes::{self, Call, Reason},
     failures::{FailureKind, MountAtFailure, NotShm, Op, OtherSignal},
     mappings::Mapping,
@@ -13,7 +13,7 @@ use crate::{
     event::{Event, FailedCall, Syscall},
     host::Host,
     signals,
-    units::human_bytes,
+    units::{human_bytes, page_size},
 };
 
 const BUS_ADRERR: i32 = 2;
@@ -98,7 +98,7 @@ impl State {
         };
         let cause = if code == BUS_ADRERR {
             match at.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
-                Some((free, size)) if free < PAGE * 64 || free * 100 < size => {
+                Some((free, size)) if free < page_size() * 64 || free * 100 < size => {
                     "the tmpfs had no free page for this write (full)".to_string()
                 }
                 Some(_) => "the page could not be allocated on tmpfs (it had room by the time it was measured: another process freed space)".to_string(),
@@ -117,7 +117,7 @@ impl State {
         f.dev = Some(m.dev);
         f.ino = Some(m.ino);
         f.offset = Some(offset);
-        f.bytes = Some(PAGE);
+        f.bytes = Some(page_size());
         f.file_size = (size >= 0).then_some(size);
         f.cause = cause;
         f.reason = reason;
@@ -174,7 +174,7 @@ impl State {
         let mut f = self.base_failure(errno_kind, h, h.pid, h.tid);
         f.syscall = Some(Op::Syscall(call.syscall()));
         f.errno = Some(errno);
-        f.errno_name = Some(signals::errno_name(errno));
+        f.errno_name = Some(signals::ErrnoName::of(errno));
         match call {
             FailedCall::Open { dirfd, path, .. } => {
                 let raw = path;

@@ -209,7 +209,7 @@ pub struct Failure {
     pub kind: FailureKind,
     pub syscall: Option<Op>,
     pub errno: Option<i32>,
-    pub errno_name: Option<&'static str>,
+    pub errno_name: Option<crate::signals::ErrnoName>,
     pub signal: Option<i32>,
     pub si_code: Option<i32>,
     pub si_code_name: Option<&'static str>,

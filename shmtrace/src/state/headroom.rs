@@ -111,7 +111,7 @@ pub fn pod_cgroup(path: &str) -> Option<String> {
 /// A Memory emptyDir's size against its pod's memory limit: which of
 /// Kubernetes' rules made it (since 1.32 min(sizeLimit, pod limit)).
 pub(super) fn emptydir_rule(size: u64, pod_limit: u64) -> String {
-    let page = 4096;
+    let page = crate::units::page_size();
     if size.abs_diff(pod_limit) < page {
         format!(
             "Kubernetes sized this Memory emptyDir at the pod's memory limit ({}): no sizeLimit was set, or a larger one (since 1.32 the size is min(sizeLimit, pod limit)); set a sizeLimit below the room, or raise the container's limit",
@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn which_emptydir_rule_made_the_size() {
-        const MIB: u64 = 1 << 20;
+        use crate::units::MIB;
         assert!(emptydir_rule(64 * MIB, 64 * MIB).contains("at the pod's memory limit"));
         assert!(emptydir_rule(32 * MIB, 64 * MIB).contains("is the emptyDir's sizeLimit"));
         assert!(emptydir_rule(128 * MIB, 64 * MIB).contains("before 1.32"));

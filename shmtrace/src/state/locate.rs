@@ -4,7 +4,7 @@
 //! the record carries them, else statfs).
 
 use super::{
-    PAGE, State,
+    State,
     failures::{MountAtFailure, Stray, UsageSource},
 };
 use crate::{
@@ -108,8 +108,9 @@ impl State {
             && k.dev == dev
             && k.max_pages > 0
         {
-            let size = k.max_pages * PAGE;
-            let used = (k.used_pages * PAGE).min(size);
+            let page = crate::units::page_size();
+            let size = k.max_pages * page;
+            let used = (k.used_pages * page).min(size);
             out.size_bytes = Some(size);
             out.used_bytes = Some(used);
             out.free_bytes = Some(size - used);

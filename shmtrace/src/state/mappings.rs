@@ -8,8 +8,6 @@ use crate::{
     host::MapsEntry,
 };
 
-const PAGE: u64 = 4096;
-
 /// A tmpfs file mapped into a process.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mapping {
@@ -127,7 +125,8 @@ impl MappingTable {
 }
 
 fn page_up(len: u64) -> u64 {
-    len.div_ceil(PAGE) * PAGE
+    let page = crate::units::page_size();
+    len.div_ceil(page) * page
 }
 
 /// Cuts [start, end) out of the mappings, splitting those it overlaps.

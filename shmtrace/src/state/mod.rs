@@ -32,7 +32,7 @@ use std::{
 use crate::{
     event::{Dev, Event, FileRef, Header},
     host::{Host, memcg::Memcg},
-    units::human_bytes,
+    units::{human_bytes, page_size},
 };
 
 use self::{
@@ -45,8 +45,6 @@ use self::{
     mounts::MountTables,
     procs::{Proc, ProcessTree},
 };
-
-const PAGE: u64 = 4096;
 
 pub struct State {
     /// CLOCK_MONOTONIC when shmtrace started (times are shown after it).
@@ -328,7 +326,7 @@ impl State {
                     h.pid,
                     Mapping {
                         start: *addr,
-                        end: crate::event::Addr(addr.0 + len.div_ceil(PAGE) * PAGE),
+                        end: crate::event::Addr(addr.0 + len.div_ceil(page_size()) * page_size()),
                         file_offset: *offset,
                         dev: file.dev,
                         ino: file.ino,

@@ -19,7 +19,7 @@ use crate::{
 };
 
 pub const SHM: Dev = Dev(40);
-pub const MIB: u64 = 1 << 20;
+pub use crate::units::MIB;
 
 /// Builds events of one stream, with increasing kernel times.
 pub struct Stream {
