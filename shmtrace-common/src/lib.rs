@@ -165,6 +165,7 @@ impl EventKind {
 /// A tmpfs file as the kernel saw it when the event happened.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct FileInfo {
     /// 1 when this record is filled (the fd was a tmpfs file). 0 with a
     /// non-zero `dev`: only the mount fields are (SIGBUS events).
@@ -195,6 +196,7 @@ pub struct FileInfo {
 /// records; `valid` says it was filled. Limits of `u64::MAX` are unlimited.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct ProcLimits {
     pub rlim_as: u64,
     pub rlim_fsize: u64,
@@ -213,6 +215,7 @@ pub struct ProcLimits {
 /// The one record every program sends. Fixed size, 8-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Event {
     pub kind: u32,
     /// Syscall number, for syscall events.

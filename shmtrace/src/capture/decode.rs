@@ -45,10 +45,9 @@ impl Decoder {
         if bytes.len() < wire::Event::SIZE {
             return Err(DecodeError::Short(bytes.len()));
         }
-        // SAFETY: Event is plain old data (repr(C), integers and byte
-        // arrays, any bit pattern valid) and the slice holds at least
-        // SIZE bytes; read_unaligned copes with any alignment.
-        Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<wire::Event>()) })
+        // Plain old data (bytemuck checks at compile time that any bit
+        // pattern is valid); ring bytes need not be aligned.
+        Ok(bytemuck::pod_read_unaligned(&bytes[..wire::Event::SIZE]))
     }
 
     pub fn decode(&self, bytes: &[u8]) -> Result<Event, DecodeError> {
@@ -338,8 +337,7 @@ pub mod wire_builder {
     }
 
     pub fn record(kind: EventKind, tgid: u32) -> wire::Event {
-        // SAFETY: an all-zero Event is valid (plain integers and arrays).
-        let mut e: wire::Event = unsafe { std::mem::zeroed() };
+        let mut e: wire::Event = bytemuck::Zeroable::zeroed();
         e.kind = kind as u32;
         e.tgid = tgid;
         e.tid = tgid;
@@ -349,11 +347,7 @@ pub mod wire_builder {
     }
 
     pub fn to_bytes(e: &wire::Event) -> Vec<u8> {
-        // SAFETY: reading the bytes of a repr(C) POD value.
-        unsafe {
-            std::slice::from_raw_parts((e as *const wire::Event).cast::<u8>(), wire::Event::SIZE)
-        }
-        .to_vec()
+        bytemuck::bytes_of(e).to_vec()
     }
 }
 

@@ -8,7 +8,7 @@
 use std::{
     fs::{File, OpenOptions},
     io::Write,
-    os::unix::fs::{FileTypeExt, OpenOptionsExt},
+    os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -28,19 +28,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
                 .with_context(|| format!("cannot write {}", path.display()));
         }
     }
-    let (tmp, mut f) = create_beside(path)?;
-    let done = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_data())
-        .with_context(|| format!("cannot write {}", tmp.display()))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
-        });
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    done
+    let mut tmp = create_beside(path)?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_data())
+        .with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    // A rename over the target: a symlink there is replaced, not followed.
+    // On failure the temporary file is removed when dropped.
+    tmp.persist(path).map(drop).map_err(|e| {
+        let from = e.file.path().display().to_string();
+        anyhow::Error::new(e.error).context(format!("cannot rename {from} to {}", path.display()))
+    })
 }
 
 /// Opens `path` for a stream of writes (`--events`): created if missing,
@@ -108,48 +105,20 @@ fn parent(path: &Path) -> PathBuf {
     }
 }
 
-/// A new file with a random name in `path`'s directory.
-fn create_beside(path: &Path) -> Result<(PathBuf, File)> {
+/// A new file with a random name in `path`'s directory, created with
+/// O_EXCL (a planted name, symlink or not, is never opened).
+fn create_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
     let dir = parent(path);
     let base = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "report".into());
-    let mut last = None;
-    for _ in 0..16 {
-        let tmp = dir.join(format!(".{base}.{:016x}.tmp", random()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-        {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot create {}", tmp.display()));
-            }
-        }
-    }
-    Err(last.expect("tried"))
-        .with_context(|| format!("no free temporary name in {}", dir.display()))
-}
-
-fn random() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        // No entropy source: time and pid still make a name nobody planted
-        // in advance with certainty; O_EXCL catches the rest.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        return t ^ (std::process::id() as u64) << 32;
-    }
-    u64::from_ne_bytes(b)
+    tempfile::Builder::new()
+        .prefix(&format!(".{base}."))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o644))
+        .tempfile_in(&dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))
 }
 
 #[cfg(test)]

@@ -134,29 +134,13 @@ fn file_name(started: SystemTime, i: &IncidentReport) -> String {
     )
 }
 
-/// 20261203T114822Z
+/// 20261203T114822Z: RFC 3339 in UTC, without the separators a file name
+/// does not need.
 fn utc_stamp(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let t = t.max(UNIX_EPOCH);
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace(['-', ':'], "")
 }
 
 /// One line for log collectors: what, whose, where, and the answer.
