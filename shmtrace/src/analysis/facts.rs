@@ -155,6 +155,7 @@ impl Facts {
         let mut failures = st.failures().ordered();
         // Names found after the failure (a pod's logs appear late).
         for f in &mut failures {
+            super::causes::word(f);
             if let Some(c) = f.container.as_mut()
                 && let Some(now) = st.containers().by_cgroup(&c.cgroup)
             {
@@ -227,9 +228,15 @@ fn mounts(st: &State) -> Vec<MountReport> {
                     tracked_bytes: 0,
                     explained_share: None,
                     memory_headroom: None,
+                    headroom: None,
                     memory_room_bytes: None,
                 }
             });
+            let mut stat = stat;
+            stat.memory_headroom = stat
+                .headroom
+                .as_ref()
+                .map(|h| super::causes::headroom(stat.mountpoint.as_deref(), h));
             let (leftover_bytes, leftovers) = leftovers_on(st, dev);
             MountReport {
                 stat,

@@ -2,6 +2,7 @@
 //! one moment; `diagnosis` reads those facts and says what happened and
 //! what fixes it. Output only renders a [`Report`].
 
+pub mod causes;
 pub mod diagnosis;
 pub mod facts;
 #[cfg(test)]

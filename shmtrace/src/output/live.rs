@@ -98,7 +98,7 @@ impl Live {
         new.sort_by_key(|f| f.ts_ns);
         for f in new {
             self.streamed.insert((f.pid, f.ts_ns));
-            let mut f = f.clone();
+            let mut f = crate::analysis::causes::worded(f);
             if let Some(c) = named(st, f.container.as_ref()) {
                 f.container = Some(c.clone());
             }

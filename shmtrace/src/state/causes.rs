@@ -2,11 +2,15 @@
 //! of pages or inodes is one cause among many. An mmap refused by
 //! RLIMIT_AS, a noexec mount or a seal, a write past RLIMIT_FSIZE, a memory
 //! cgroup at its limit, a process out of fds: each has its own fix, and a
-//! bigger /dev/shm is the fix only for the first two.
+//! bigger /dev/shm is the fix only for the first two. Here the cause is a
+//! typed fact with the numbers that tell it; `analysis::causes` words it.
 
 use serde::Serialize;
 
-use crate::{event::Syscall, host::Limits, units::human_bytes};
+use crate::{
+    event::{CudaCall, Syscall},
+    host::Limits,
+};
 
 /// The cause, as a stable name (JSON `reason`, see [`Reason::name`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,13 +102,124 @@ pub struct Limit {
     pub used: Option<u64>,
 }
 
-/// A cause in words, its name, the limit and the fix.
+/// Why a failure happened: the cause by its facts, worded by analysis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Cause {
+    /// SIGBUS on a tmpfs page: the mount had (almost) no free page.
+    PageFull,
+    /// SIGBUS on a tmpfs page, but the mount had room when measured
+    /// (another process freed space since).
+    PageFreedSince,
+    /// SIGBUS on a tmpfs page, the mount's use unknown.
+    PageUnknown,
+    /// Another SIGBUS code on a tmpfs mapping (a machine check...).
+    SigbusCode(i32),
+    /// Creating a file at the tmpfs inode limit (`total` inodes).
+    CreateAtInodeLimit {
+        total: Option<u64>,
+    },
+    /// Creating a file failed with ENOSPC, inodes left.
+    CreateFailed {
+        errno: i32,
+    },
+    /// A write, allocation or mapping found the tmpfs full: what it asked
+    /// for and what was free.
+    Full {
+        syscall: Syscall,
+        errno: i32,
+        asked: Option<u64>,
+        free: Option<u64>,
+    },
+    Quota {
+        syscall: Syscall,
+        errno: i32,
+    },
+    /// Past RLIMIT_FSIZE (`max`).
+    FileSizeLimit {
+        syscall: Syscall,
+        max: u64,
+    },
+    FileTooLarge {
+        syscall: Syscall,
+        errno: i32,
+    },
+    /// mmap of `want` past RLIMIT_AS `max` with `vm` mapped already.
+    AddressSpace {
+        syscall: Syscall,
+        want: u64,
+        max: u64,
+        vm: u64,
+    },
+    /// `count` mappings at vm.max_map_count `max`.
+    MapCount {
+        syscall: Syscall,
+        count: u64,
+        max: u64,
+    },
+    NoRoomForMapping {
+        syscall: Syscall,
+        want: u64,
+        errno: i32,
+    },
+    /// Its memory cgroup at its limit `max`.
+    MemcgLimit {
+        syscall: Syscall,
+        max: u64,
+    },
+    NoMemory {
+        syscall: Syscall,
+        errno: i32,
+    },
+    Noexec {
+        syscall: Syscall,
+        errno: i32,
+    },
+    Sealed {
+        syscall: Syscall,
+        errno: i32,
+    },
+    PermissionDenied {
+        syscall: Syscall,
+        errno: i32,
+    },
+    /// No fd left under RLIMIT_NOFILE `max`.
+    FdLimit {
+        syscall: Syscall,
+        max: Option<u64>,
+    },
+    SystemFdLimit {
+        syscall: Syscall,
+    },
+    InvalidArgument {
+        syscall: Syscall,
+        errno: i32,
+    },
+    OtherErrno {
+        syscall: Syscall,
+        errno: i32,
+    },
+    /// The OOM killer chose it, holding `shmem_rss` of shared memory (its
+    /// memory cgroup is the failure's `memcg`).
+    OomKill {
+        shmem_rss: u64,
+    },
+    /// A CUDA IPC call returned `code`.
+    CudaIpc {
+        call: CudaCall,
+        code: i32,
+    },
+    /// An open found its segment gone (who removed it: `removed_by`).
+    SegmentGone,
+    #[default]
+    Unknown,
+}
+
+/// A cause, its name and the limit it ran into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Explained {
     pub reason: Reason,
-    pub cause: String,
+    pub cause: Cause,
     pub limit: Option<Limit>,
-    pub fix: Option<String>,
 }
 
 /// What surrounded a failed call on a tmpfs file.
@@ -119,9 +234,10 @@ pub struct Call<'a> {
     /// The file is a memfd (on the kernel's internal shm mount).
     pub memfd: bool,
     pub noexec: bool,
-    /// Free bytes and inodes of its mount at the failure.
+    /// Free bytes, and inodes (free and in all), of its mount at the failure.
     pub free_bytes: Option<u64>,
     pub inodes_free: Option<u64>,
+    pub inodes: Option<u64>,
     pub limits: &'a Limits,
 }
 
@@ -129,55 +245,47 @@ const PROT_EXEC: u64 = 0x4;
 use crate::units::MIB;
 
 pub fn explain(c: &Call) -> Explained {
-    let sc = c.syscall.name();
-    let is_map = matches!(c.syscall, Syscall::Mmap | Syscall::Mremap);
+    let syscall = c.syscall;
+    let errno = c.errno;
+    let is_map = matches!(syscall, Syscall::Mmap | Syscall::Mremap);
     let l = c.limits;
     let limit = |name, value, used| Some(Limit { name, value, used });
-    let text = crate::signals::errno_text(c.errno);
-    let e = |reason, cause: String, limit, fix: Option<String>| Explained {
+    let e = |reason, cause, limit| Explained {
         reason,
         cause,
         limit,
-        fix,
     };
-    match c.errno {
-        libc::ENOSPC if c.syscall.is_open() => match c.inodes_free {
+    match errno {
+        libc::ENOSPC if syscall.is_open() => match c.inodes_free {
             Some(0) | Some(1) => e(
                 Reason::TmpfsInodes,
-                "creating a file failed: the tmpfs inode limit is reached".into(),
-                None,
-                Some("mount the tmpfs with a larger nr_inodes= (or remove leftover files)".into()),
-            ),
-            _ => e(
-                Reason::TmpfsFull,
-                format!("creating a file on tmpfs failed: {text}"),
-                None,
+                Cause::CreateAtInodeLimit { total: c.inodes },
                 None,
             ),
+            _ => e(Reason::TmpfsFull, Cause::CreateFailed { errno }, None),
         },
-        libc::ENOSPC => e(Reason::TmpfsFull, format!("{sc} found the tmpfs full ({text})"), None, None),
-        libc::EDQUOT => e(
-            Reason::Quota,
-            format!("{sc} exceeded a tmpfs quota ({text})"),
+        libc::ENOSPC => e(
+            Reason::TmpfsFull,
+            Cause::Full {
+                syscall,
+                errno,
+                asked: c.bytes,
+                free: c.free_bytes,
+            },
             None,
-            Some("raise the user's or group's tmpfs quota (usrquota_block_hardlimit=, grpquota_block_hardlimit=)".into()),
         ),
+        libc::EDQUOT => e(Reason::Quota, Cause::Quota { syscall, errno }, None),
         libc::EFBIG => {
             let end = c.offset.unwrap_or(0).saturating_add(c.bytes.unwrap_or(0));
             match l.file_size {
                 Some(max) => e(
                     Reason::FileSizeLimit,
-                    format!(
-                        "{sc} would make the file larger than the process's RLIMIT_FSIZE (ulimit -f) of {}",
-                        human_bytes(max)
-                    ),
+                    Cause::FileSizeLimit { syscall, max },
                     limit("RLIMIT_FSIZE", Some(max), Some(end)),
-                    Some("raise the file size limit: ulimit -f unlimited, docker/podman --ulimit fsize=-1, or LimitFSIZE= in a systemd unit".into()),
                 ),
                 None => e(
                     Reason::FileSizeLimit,
-                    format!("{sc} asked for a file larger than tmpfs allows ({text})"),
-                    None,
+                    Cause::FileTooLarge { syscall, errno },
                     None,
                 ),
             }
@@ -189,147 +297,83 @@ pub fn explain(c: &Call) -> Explained {
             {
                 e(
                     Reason::AddressSpaceLimit,
-                    format!(
-                        "{sc} of {} would take the process past its RLIMIT_AS (ulimit -v) of {} ({} mapped already); /dev/shm had nothing to do with it",
-                        human_bytes(want),
-                        human_bytes(max),
-                        human_bytes(vm)
-                    ),
+                    Cause::AddressSpace {
+                        syscall,
+                        want,
+                        max,
+                        vm,
+                    },
                     limit("RLIMIT_AS", Some(max), Some(vm)),
-                    Some("raise the address-space limit: ulimit -v unlimited, docker/podman --ulimit as=-1 (GPU and PyTorch processes map far more than they use)".into()),
                 )
             } else if let (Some(max), Some(n)) = (l.max_map_count, l.map_count)
                 && n + 2 >= max
             {
                 e(
                     Reason::MapCountLimit,
-                    format!("{sc} failed: the process has {n} mappings, at vm.max_map_count ({max})"),
+                    Cause::MapCount {
+                        syscall,
+                        count: n,
+                        max,
+                    },
                     limit("vm.max_map_count", Some(max), Some(n)),
-                    Some(format!("raise it: sysctl -w vm.max_map_count={}", (max * 4).max(262144))),
                 )
             } else {
                 e(
                     Reason::OutOfMemory,
-                    format!("{sc} of {} failed: the kernel found no room for the mapping ({text})", human_bytes(want)),
+                    Cause::NoRoomForMapping {
+                        syscall,
+                        want,
+                        errno,
+                    },
                     None,
-                    Some("not a /dev/shm size: look at the process's memory and address-space limits".into()),
                 )
             }
         }
         libc::ENOMEM => match (l.memcg_limit, l.memcg_usage) {
             (Some(max), used) => e(
                 Reason::MemcgLimit,
-                format!(
-                    "{sc} on tmpfs failed: its memory cgroup is at its limit of {} (tmpfs pages are charged to the cgroup of the process that touches them)",
-                    human_bytes(max)
-                ),
+                Cause::MemcgLimit { syscall, max },
                 limit("memory cgroup limit", Some(max), used),
-                Some("raise the container's memory limit by what /dev/shm holds (Kubernetes: resources.limits.memory; an emptyDir medium: Memory counts against it)".into()),
             ),
             (None, _) => e(
                 Reason::OutOfMemory,
-                format!("{sc} on tmpfs failed: {text} (the system or its memory cgroup had no memory for the pages)"),
-                None,
+                Cause::NoMemory { syscall, errno },
                 None,
             ),
         },
-        libc::EPERM | libc::EACCES if is_map && c.prot.is_some_and(|p| p & PROT_EXEC != 0) && c.noexec => e(
-            Reason::Noexec,
-            format!("{sc} with PROT_EXEC failed: the tmpfs is mounted noexec ({text})"),
-            None,
-            Some("map without PROT_EXEC, or mount the tmpfs without noexec (Docker mounts /dev/shm noexec by default)".into()),
-        ),
-        libc::EPERM if c.memfd || is_map => e(
-            Reason::Sealed,
-            format!("{sc} failed: a seal on the file forbids it (F_SEAL_WRITE/F_SEAL_FUTURE_WRITE) ({text})"),
-            None,
-            Some("map it read-only or MAP_PRIVATE, or do not seal it before mapping".into()),
-        ),
+        libc::EPERM | libc::EACCES
+            if is_map && c.prot.is_some_and(|p| p & PROT_EXEC != 0) && c.noexec =>
+        {
+            e(Reason::Noexec, Cause::Noexec { syscall, errno }, None)
+        }
+        libc::EPERM if c.memfd || is_map => {
+            e(Reason::Sealed, Cause::Sealed { syscall, errno }, None)
+        }
         libc::EPERM | libc::EACCES => e(
             Reason::PermissionDenied,
-            format!("{sc} failed: the fd does not allow what was asked ({text}; e.g. O_RDONLY with PROT_WRITE|MAP_SHARED)"),
+            Cause::PermissionDenied { syscall, errno },
             None,
-            Some("open the file with the access the mapping needs (O_RDWR for a shared writable mapping)".into()),
         ),
         libc::EMFILE => e(
             Reason::FdLimit,
-            format!(
-                "{sc} failed: the process has no fd left (RLIMIT_NOFILE{})",
-                l.open_files.map(|n| format!(" {n}")).unwrap_or_default()
-            ),
+            Cause::FdLimit {
+                syscall,
+                max: l.open_files,
+            },
             limit("RLIMIT_NOFILE", l.open_files, l.fds_open),
-            Some("raise ulimit -n (docker/podman --ulimit nofile=1048576), or in PyTorch torch.multiprocessing.set_sharing_strategy('file_system'): the default 'file_descriptor' strategy keeps one fd per shared tensor".into()),
         ),
         libc::ENFILE => e(
             Reason::SystemFdLimit,
-            format!("{sc} failed: the system's open file table is full (fs.file-max)"),
+            Cause::SystemFdLimit { syscall },
             limit("fs.file-max", None, None),
-            Some("raise sysctl fs.file-max".into()),
         ),
         libc::EINVAL => e(
             Reason::InvalidArgument,
-            format!("{sc} failed: {text} (a misaligned offset, a zero length, or flags the file does not support)"),
-            None,
+            Cause::InvalidArgument { syscall, errno },
             None,
         ),
-        _ => e(Reason::Other, format!("{sc} on tmpfs failed: {text}"), None, None),
+        _ => e(Reason::Other, Cause::OtherErrno { syscall, errno }, None),
     }
-}
-
-/// An OOM kill in words: (", in memory cgroup X: limit L, U in use, S of
-/// it shmem", the fix).
-pub(super) fn oom_words(m: &crate::host::memcg::Memcg, shmem_rss: u64) -> (String, String) {
-    let shmem = m.shmem_bytes.unwrap_or(shmem_rss);
-    let Some(limit) = m.limit_bytes else {
-        return (
-            format!(
-                "; its memory cgroup {} has no limit of its own ({} in use, {} of it shmem): a parent cgroup's or the node's memory ran out",
-                m.path,
-                human_bytes(m.usage_bytes),
-                human_bytes(shmem)
-            ),
-            "find the limit that ran out (the pod's, or the node's memory), and count /dev/shm against it".into(),
-        );
-    };
-    let other = m.usage_bytes.saturating_sub(shmem);
-    (
-        format!(
-            "; its memory cgroup {} allows {}, and had {} in use, {} of it shmem (/dev/shm, memfd)",
-            m.path,
-            human_bytes(limit),
-            human_bytes(m.usage_bytes),
-            human_bytes(shmem)
-        ),
-        format!(
-            "raise the memory limit above what the job keeps in shared memory plus its other {} (now {}; the {} of shmem at the kill was still growing), or cap /dev/shm below {} (the limit less the rest) so that it fills with a clear ENOSPC before the cgroup does; a Kubernetes Memory emptyDir counts against the pod's limit (since 1.32 it is sized min(sizeLimit, pod limit))",
-            human_bytes(other),
-            human_bytes(limit),
-            human_bytes(shmem),
-            human_bytes(limit.saturating_sub(other))
-        ),
-    )
-}
-
-/// What to do about a CUDA IPC error: never a bigger /dev/shm.
-pub(super) fn cuda_fix(call: crate::event::CudaCall, error: &str) -> String {
-    let what = match error {
-        "cudaErrorMemoryAllocation" | "CUDA_ERROR_OUT_OF_MEMORY" => {
-            "the GPU is out of memory for the shared allocation: free GPU memory (smaller batches, torch.cuda.empty_cache() in the producer, fewer tensors kept alive on the GPU), or share CPU tensors instead"
-        }
-        "cudaErrorInsufficientDriver" | "cudaErrorNoDevice" | "CUDA_ERROR_NO_DEVICE" => {
-            "the process sees no usable GPU or driver (the container lacks the GPU, or the driver is older than the CUDA runtime): fix the GPU setup of the container"
-        }
-        "cudaErrorNotSupported" | "CUDA_ERROR_NOT_SUPPORTED" => {
-            "CUDA IPC is not supported here (some virtualized or MIG GPUs, WSL): share CPU tensors, or use torch.multiprocessing's file_system strategy on CPU"
-        }
-        _ => {
-            "a CUDA IPC error: check GPU memory, the driver, and that both processes see the same GPU (CUDA_VISIBLE_DEVICES, the same container)"
-        }
-    };
-    format!(
-        "{what}; {} is GPU-side: a bigger /dev/shm does not help",
-        call.name()
-    )
 }
 
 #[cfg(test)]
@@ -347,6 +391,7 @@ mod tests {
             noexec: false,
             free_bytes: Some(60 * MIB),
             inodes_free: Some(1000),
+            inodes: Some(2000),
             limits,
         }
     }
@@ -370,7 +415,15 @@ mod tests {
         assert_eq!(x.reason, Reason::AddressSpaceLimit);
         assert!(!x.reason.tmpfs_ran_out());
         assert_eq!(x.limit.as_ref().unwrap().value, Some(512 * MIB));
-        assert!(x.fix.unwrap().contains("ulimit -v"));
+        assert_eq!(
+            x.cause,
+            Cause::AddressSpace {
+                syscall: Syscall::Mmap,
+                want: 8 * MIB,
+                max: 512 * MIB,
+                vm: 506 * MIB
+            }
+        );
         let maps = Limits {
             map_count: Some(65530),
             max_map_count: Some(65530),
@@ -394,7 +447,6 @@ mod tests {
         c.noexec = true;
         let x = explain(&c);
         assert_eq!(x.reason, Reason::Noexec);
-        assert!(x.fix.unwrap().contains("noexec"));
         c.prot = Some(0x3);
         c.memfd = true;
         assert_eq!(explain(&c).reason, Reason::Sealed);
@@ -415,7 +467,7 @@ mod tests {
         };
         let x = explain(&call(Syscall::Openat, libc::EMFILE, &fds));
         assert_eq!(x.reason, Reason::FdLimit);
-        assert!(x.fix.unwrap().contains("file_system"));
+        assert_eq!(x.limit.unwrap().used, Some(1024));
         let memcg = Limits {
             memcg_limit: Some(256 * MIB),
             memcg_usage: Some(256 * MIB),

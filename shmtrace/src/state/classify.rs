@@ -5,7 +5,7 @@
 
 use super::{
     State,
-    causes::{self, Call, Reason},
+    causes::{self, Call, Cause, Reason},
     failures::{FailureKind, MountAtFailure, NotShm, Op, OtherSignal},
     mappings::Mapping,
 };
@@ -13,7 +13,7 @@ use crate::{
     event::{Event, FailedCall, Syscall},
     host::Host,
     signals,
-    units::{human_bytes, page_size},
+    units::page_size,
 };
 
 const BUS_ADRERR: i32 = 2;
@@ -97,15 +97,18 @@ impl State {
             _ => Reason::Other,
         };
         let cause = if code == BUS_ADRERR {
-            match at.as_ref().and_then(|u| Some((u.free_bytes?, u.size_bytes?))) {
+            match at
+                .as_ref()
+                .and_then(|u| Some((u.free_bytes?, u.size_bytes?)))
+            {
                 Some((free, size)) if free < page_size() * 64 || free * 100 < size => {
-                    "the tmpfs had no free page for this write (full)".to_string()
+                    Cause::PageFull
                 }
-                Some(_) => "the page could not be allocated on tmpfs (it had room by the time it was measured: another process freed space)".to_string(),
-                None => "the page could not be allocated on tmpfs".to_string(),
+                Some(_) => Cause::PageFreedSince,
+                None => Cause::PageUnknown,
             }
         } else {
-            format!("{} on a tmpfs mapping", signals::sigbus_code_name(code))
+            Cause::SigbusCode(code)
         };
         let path = self.file_path(host, m.dev, m.name.as_deref(), h);
         let mut f = self.base_failure(FailureKind::Sigbus, h, target, target_tid);
@@ -119,7 +122,7 @@ impl State {
         f.offset = Some(offset);
         f.bytes = Some(page_size());
         f.file_size = (size >= 0).then_some(size);
-        f.cause = cause;
+        f.why = cause;
         f.reason = reason;
         f.mount = at;
         self.record(host, f);
@@ -137,7 +140,6 @@ impl State {
             return;
         };
         let errno = *errno;
-        let sc = call.syscall().name();
         let errno_kind = FailureKind::of_errno(errno);
         // Limits are read only for the errnos whose cause they tell.
         // What the kernel read at the failure wins; /proc adds the rest
@@ -168,6 +170,7 @@ impl State {
                     noexec,
                     free_bytes: mount.and_then(|m| m.free_bytes),
                     inodes_free: mount.and_then(|m| Some(m.inodes?.saturating_sub(m.inodes_used?))),
+                    inodes: mount.and_then(|m| m.inodes),
                     limits: &limits,
                 })
             };
@@ -200,13 +203,7 @@ impl State {
                     false,
                     f.mount.as_ref(),
                 );
-                f.cause = match (x.reason, f.mount.as_ref().and_then(|m| m.inodes)) {
-                    (Reason::TmpfsInodes, Some(total)) => format!(
-                        "creating a file failed: the tmpfs inode limit ({total}) is reached"
-                    ),
-                    _ => x.cause,
-                };
-                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
+                (f.why, f.reason, f.limit) = (x.cause, x.reason, x.limit);
             }
             FailedCall::Mremap {
                 old_addr,
@@ -233,8 +230,7 @@ impl State {
                     false,
                     f.mount.as_ref(),
                 );
-                f.cause = x.cause;
-                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
+                (f.why, f.reason, f.limit) = (x.cause, x.reason, x.limit);
             }
             FailedCall::OnFile {
                 syscall,
@@ -290,27 +286,7 @@ impl State {
                     noexec,
                     f.mount.as_ref(),
                 );
-                f.cause = match (
-                    x.reason,
-                    *bytes,
-                    f.mount.as_ref().and_then(|m| m.free_bytes),
-                ) {
-                    // How much it asked for against what was left.
-                    (Reason::TmpfsFull, Some(b), Some(free))
-                        if human_bytes(b) == human_bytes(free) =>
-                    {
-                        format!(
-                            "{sc} asked for {b} bytes but the tmpfs had {free} bytes free (No space left on device)"
-                        )
-                    }
-                    (Reason::TmpfsFull, Some(b), Some(free)) => format!(
-                        "{sc} asked for {} but the tmpfs had {} free (No space left on device)",
-                        human_bytes(b),
-                        human_bytes(free)
-                    ),
-                    _ => x.cause,
-                };
-                (f.reason, f.limit, f.fix) = (x.reason, x.limit, x.fix);
+                (f.why, f.reason, f.limit) = (x.cause, x.reason, x.limit);
             }
         }
         self.record(host, f);
@@ -325,27 +301,14 @@ impl State {
         else {
             return;
         };
-        let held = if *shmem_rss > 0 {
-            format!(" holding {} of shared memory", human_bytes(*shmem_rss))
-        } else {
-            String::new()
-        };
         let mut f = self.base_failure(FailureKind::OomKill, h, *victim, *victim);
         f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
         // Read now: the victim is on its way out.
         f.memcg = self.memcg_now(host, *victim);
-        let (limit, fix) = match &f.memcg {
-            Some(m) => super::causes::oom_words(m, *shmem_rss),
-            None => (
-                String::new(),
-                "raise the memory limit of its cgroup by what it keeps in /dev/shm: tmpfs pages count against it".into(),
-            ),
+        f.why = Cause::OomKill {
+            shmem_rss: *shmem_rss,
         };
-        f.cause = format!(
-            "the OOM killer chose this process{held}{limit} (shared memory pages count against its memory cgroup)"
-        );
         f.reason = Reason::OomKill;
-        f.fix = Some(fix);
         self.record(host, f);
     }
 
@@ -357,11 +320,12 @@ impl State {
             return;
         };
         let mut f = self.base_failure(FailureKind::CudaIpc, h, h.pid, h.tid);
-        let error = call.error_name(*code);
         f.syscall = Some(Op::Cuda(*call));
-        f.cause = format!("{}() returned {code} ({error})", call.name());
+        f.why = Cause::CudaIpc {
+            call: *call,
+            code: *code,
+        };
         f.reason = Reason::CudaIpc;
-        f.fix = Some(super::causes::cuda_fix(*call, &error));
         self.record(host, f);
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     event::{Addr, CudaCall, Dev, Syscall},
     state::{
-        causes::{Limit, Reason},
+        causes::{Cause, Limit, Reason},
         containers::Container,
         procs::Ancestor,
     },
@@ -225,14 +225,18 @@ pub struct Failure {
     pub bytes: Option<u64>,
     pub file_size: Option<i64>,
     pub unlinked: Option<bool>,
-    /// What the evidence says happened, in words.
+    /// Why it happened, as typed facts.
+    #[serde(skip)]
+    pub why: Cause,
+    /// `why` in words: filled by `analysis::causes::word` where it is shown.
     pub cause: String,
     /// The cause by name: only tmpfs_full and tmpfs_inodes mean /dev/shm
     /// ran out; the others have fixes of their own.
     pub reason: Reason,
     /// The limit it ran into, with its value, when one did.
     pub limit: Option<Limit>,
-    /// What to change, for causes a bigger /dev/shm does not fix.
+    /// What to change, for causes a bigger /dev/shm does not fix (worded
+    /// with `cause`).
     pub fix: Option<String>,
     /// Libraries the failing process mapped that tell who uses the memory
     /// (libtorch, libnccl, libcudart, libcuda, ray), read at the failure.

@@ -7,7 +7,6 @@ use super::State;
 use crate::{
     event::Dev,
     host::{Host, memcg::Memcg},
-    units::human_bytes,
 };
 
 impl State {
@@ -108,52 +107,17 @@ pub fn pod_cgroup(path: &str) -> Option<String> {
     None
 }
 
-/// A Memory emptyDir's size against its pod's memory limit: which of
-/// Kubernetes' rules made it (since 1.32 min(sizeLimit, pod limit)).
-pub(super) fn emptydir_rule(size: u64, pod_limit: u64) -> String {
-    let page = crate::units::page_size();
-    if size.abs_diff(pod_limit) < page {
-        format!(
-            "Kubernetes sized this Memory emptyDir at the pod's memory limit ({}): no sizeLimit was set, or a larger one (since 1.32 the size is min(sizeLimit, pod limit)); set a sizeLimit below the room, or raise the container's limit",
-            human_bytes(pod_limit)
-        )
-    } else if size < pod_limit {
-        format!(
-            "its size is the emptyDir's sizeLimit (the pod's memory limit is {}): lower sizeLimit below the room, or raise the container's limit",
-            human_bytes(pod_limit)
-        )
-    } else {
-        format!(
-            "it is larger than the pod's memory limit ({}): a kubelet before 1.32 sized it by sizeLimit alone (or the node's memory without one); lower sizeLimit below the room",
-            human_bytes(pod_limit)
-        )
-    }
-}
-
-/// A mount its writers' memory cgroup cannot fill, in words; `pod_limit`:
-/// the memory limit of the writers' pod, when they run in one.
-pub(super) fn headroom_words(
-    mountpoint: &Option<String>,
-    size: u64,
-    m: &Memcg,
-    room: u64,
-    pod_limit: Option<u64>,
-) -> String {
-    let rule = match pod_limit {
-        Some(p) => format!("; {}", emptydir_rule(size, p)),
-        None => " (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32; before that, sizeLimit alone)".to_string(),
-    };
-    format!(
-        "{} is {} but its writers' memory cgroup {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {}{rule}",
-        mountpoint.as_deref().unwrap_or("the mount"),
-        human_bytes(size),
-        m.path,
-        human_bytes(m.limit_bytes.unwrap_or(0)),
-        human_bytes(m.usage_bytes),
-        human_bytes(m.shmem_bytes.unwrap_or(0)),
-        human_bytes(room),
-        human_bytes(room)
-    )
+/// A mount its writers' memory cgroup cannot fill: the facts the warning
+/// is worded from (`analysis::causes::headroom`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Headroom {
+    /// The mount's size.
+    pub size: u64,
+    /// What the cgroup leaves for shared memory.
+    pub room: u64,
+    pub memcg: Memcg,
+    /// The writers' pod's memory limit, when they run in one.
+    pub pod_limit: Option<u64>,
 }
 
 #[cfg(test)]
@@ -177,13 +141,5 @@ mod tests {
         assert_eq!(pod_cgroup("/user.slice/pod1/x"), None);
         // The pod's own cgroup is no container's.
         assert_eq!(pod_cgroup("/kubepods/pod9"), None);
-    }
-
-    #[test]
-    fn which_emptydir_rule_made_the_size() {
-        use crate::units::MIB;
-        assert!(emptydir_rule(64 * MIB, 64 * MIB).contains("at the pod's memory limit"));
-        assert!(emptydir_rule(32 * MIB, 64 * MIB).contains("is the emptyDir's sizeLimit"));
-        assert!(emptydir_rule(128 * MIB, 64 * MIB).contains("before 1.32"));
     }
 }

@@ -5,14 +5,13 @@
 
 use super::{
     State,
-    causes::Reason,
+    causes::{Cause, Reason},
     failures::Failure,
     removals::{Removal, Where},
 };
 use crate::{
     event::{Dev, Header},
     host::Host,
-    units::human_duration_ns,
 };
 
 /// How long an open that found a name gone waits before it counts: a
@@ -98,40 +97,8 @@ impl State {
     pub(super) fn on_missing(&mut self, host: &mut dyn Host, mut f: Failure, raw_path: &str) {
         let at = self.where_is(host, f.mnt_ns, f.pid, raw_path);
         f.reason = Reason::SegmentGone;
-        match self.removals.removal_of(&at, f.ts_ns).cloned() {
-            Some(r) => {
-                let ago = human_duration_ns(f.ts_ns.saturating_sub(r.ts_ns));
-                let whose = if r.pid == f.pid {
-                    "by this same process".to_string()
-                } else {
-                    format!(
-                        "by pid {} ({}){}",
-                        r.pid,
-                        r.comm,
-                        r.container
-                            .as_deref()
-                            .map(|c| format!(" in container {c}"))
-                            .unwrap_or_default()
-                    )
-                };
-                f.cause = format!(
-                    "the segment was gone: {} was removed {ago} before, {whose}",
-                    r.path
-                );
-                f.fix = Some(fix_for(&r));
-                f.removed_by = Some(r);
-            }
-            None => {
-                f.cause = "no file by that name: shmtrace saw no process remove it (it was \
-                           never created under this name, or removed before tracing began)"
-                    .to_string();
-                f.fix = Some(
-                    "check the name the consumer opens against the one the producer created, \
-                     and that the producer had created it before the consumer looked"
-                        .to_string(),
-                );
-            }
-        }
+        f.why = Cause::SegmentGone;
+        f.removed_by = self.removals.removal_of(&at, f.ts_ns).cloned();
         if self.missing.len() >= MAX_HELD {
             self.record(host, f);
         } else {
@@ -175,26 +142,4 @@ impl State {
 pub(super) fn is_lookup(path: &str, comm: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or_default();
     name.starts_with("sem.") || comm == "torch_shm_manag"
-}
-
-/// What keeps a segment alive until its consumer opens it, by remover.
-fn fix_for(r: &Removal) -> String {
-    match r.comm.as_str() {
-        "systemd-logind" | "systemd" => "systemd-logind removes a user's /dev/shm files when \
-            the user's last session ends (RemoveIPC=yes): set RemoveIPC=no in \
-            /etc/systemd/logind.conf, or run the job as a system user"
-            .to_string(),
-        "rm" | "find" | "sh" | "bash" | "dash" | "tmpreaper" | "tmpwatch" | "systemd-tmpfile" => {
-            format!(
-                "a cleanup removed it while it was in use: keep {} away from /dev/shm while \
-                 jobs run (remove only files whose creators exited: `shmtrace` lists them \
-                 as leftovers)",
-                r.comm
-            )
-        }
-        _ => "the segment was removed before its consumer opened it: keep it until every \
-              consumer has opened it (for PyTorch's file_system sharing strategy, keep the \
-              producer's tensor alive until the consumer has received it)"
-            .to_string(),
-    }
 }

@@ -12,7 +12,7 @@ pub mod containers;
 pub mod evidence;
 pub mod failures;
 pub mod files;
-mod headroom;
+pub mod headroom;
 mod identity;
 pub mod incidents;
 pub mod locate;
@@ -521,7 +521,12 @@ impl State {
                     let pod_limit = headroom::pod_cgroup(&m.path)
                         .and_then(|p| headroom::memcg_cached(host, &mut memcg_reads, m.version, p))
                         .and_then(|p| p.limit_bytes);
-                    headroom::headroom_words(&s.mountpoint, size, &m, room, pod_limit)
+                    headroom::Headroom {
+                        size,
+                        room,
+                        memcg: m,
+                        pod_limit,
+                    }
                 })
             });
         }

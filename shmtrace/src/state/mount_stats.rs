@@ -34,6 +34,10 @@ pub struct MountStat {
     /// strikes first (checked once a second, before any failure).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_headroom: Option<String>,
+    /// The facts of that warning (worded into `memory_headroom` by
+    /// analysis).
+    #[serde(skip)]
+    pub headroom: Option<super::headroom::Headroom>,
     /// What its writers' memory cgroup leaves for shared memory (the limit
     /// less the rest of its use), when one has a limit.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,12 +73,12 @@ impl MountStats {
         dev: Dev,
         view_ns: u32,
         room: Option<u64>,
-        headroom: impl FnOnce(&MountStat) -> Option<String>,
+        headroom: impl FnOnce(&MountStat) -> Option<super::headroom::Headroom>,
     ) {
         if let Some(s) = self.by_dev.get_mut(&dev) {
             s.view_ns = view_ns;
             s.memory_room_bytes = room;
-            s.memory_headroom = headroom(s);
+            s.headroom = headroom(s);
         }
     }
 
@@ -106,6 +110,7 @@ impl MountStats {
             tracked_bytes: 0,
             explained_share: None,
             memory_headroom: None,
+            headroom: None,
             memory_room_bytes: None,
         });
         s.tracked_bytes = tracked;

@@ -13,6 +13,7 @@ use crate::{
         fixture::{Fixture, SELF_NS},
     },
     state::{
+        causes::Cause,
         failures::{FailureKind, Op, UsageSource},
         mounts::Mount,
     },
@@ -160,7 +161,7 @@ fn sigbus_in_a_tmpfs_mapping_is_the_first_failure_with_file_and_offset() {
         (m.source, m.used_bytes, m.free_bytes),
         (UsageSource::Kernel, Some(64 * MIB), Some(0))
     );
-    assert!(f.cause.contains("full"), "{}", f.cause);
+    assert_eq!(f.why, Cause::PageFull);
     assert_eq!(f.ancestry.first().map(|a| a.pid), Some(10));
     // The mount as it stood at its first failure is kept.
     assert_eq!(
@@ -276,10 +277,14 @@ fn fallocate_enospc_names_file_request_and_free_space() {
     );
     assert_eq!(f.path.as_deref(), Some("/dev/shm/torch_30_9"));
     assert_eq!(f.bytes, Some(32 * MIB));
-    // Request and free space print alike in MiB: exact bytes instead.
     assert_eq!(
-        f.cause,
-        "fallocate asked for 33554432 bytes but the tmpfs had 33554432 bytes free (No space left on device)"
+        f.why,
+        Cause::Full {
+            syscall: Syscall::Fallocate,
+            errno: libc::ENOSPC,
+            asked: Some(32 * MIB),
+            free: Some(32 * MIB)
+        }
     );
 }
 
@@ -304,7 +309,7 @@ fn open_failures_count_only_on_tmpfs() {
     st.apply(&open(&mut s, "sem.lock"), &mut host);
     let f = &st.failures.all()[0];
     assert_eq!(f.path.as_deref(), Some("/dev/shm/sem.lock"));
-    assert!(f.cause.contains("inode limit (1000)"), "{}", f.cause);
+    assert_eq!(f.why, Cause::CreateAtInodeLimit { total: Some(1000) });
 }
 
 #[test]
