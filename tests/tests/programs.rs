@@ -10,7 +10,7 @@ use std::{
 
 use shmtrace::{
     capture::Tracer,
-    event::{Event, ExitStatus, FailedCall, Handler, Syscall},
+    event::{CudaCall, Event, ExitStatus, FailedCall, Handler, Syscall},
 };
 use shmtrace_common::traced;
 use shmtrace_tests::{bpf_lock, require_root, scratch, workload};
@@ -338,4 +338,210 @@ fn sys_exit_close_reports_closes_of_the_tmpfs_files_a_process_created() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
+}
+
+/// A private tmpfs at `dir/shm` for `f`, unmounted after it (even on failure).
+fn with_tmpfs(name: &str, size: &str, f: impl FnOnce(&std::path::Path) + std::panic::UnwindSafe) {
+    let dir = scratch(name);
+    let mnt = dir.join("shm");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs");
+    let m = mnt.clone();
+    let result = std::panic::catch_unwind(move || f(&m));
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn sys_exit_unlink_reports_removals_of_dev_shm_names_from_any_process() {
+    // unlink and unlinkat.
+    with_programs(&["sys_exit_unlink"], 2, |t| {
+        // Untraced on purpose: a cleanup job's removal must be seen.
+        let name = format!("/dev/shm/shmtrace-prog-unlink-{}", std::process::id());
+        std::fs::write(&name, b"x").unwrap();
+        let other = scratch("prog-unlink").join("not-shm");
+        std::fs::write(&other, b"x").unwrap();
+        let mut child = waiting_shell(&format!("exec rm -f {} {name}", other.display()));
+        let pid = child.id();
+        go(&mut child);
+        assert!(child.wait().unwrap().success());
+        let evs = collect(t, "unlink", |evs| {
+            evs.iter()
+                .any(|e| matches!(e, Event::Unlinked { h, .. } if h.pid == pid))
+        });
+        let paths: Vec<&str> = evs
+            .iter()
+            .filter_map(|e| match e {
+                Event::Unlinked { h, path, .. } if h.pid == pid => Some(path.as_str()),
+                _ => None,
+            })
+            .collect();
+        // Only the /dev/shm name: the other file is not shared memory.
+        assert_eq!(paths, vec![name.as_str()]);
+        let _ = std::fs::remove_dir_all(scratch("prog-unlink"));
+    });
+}
+
+#[test]
+fn sys_exit_recv_reports_control_data_of_traced_processes() {
+    with_program("sys_exit_recv", |t| {
+        // Python passes an fd over a socketpair to itself (SCM_RIGHTS).
+        let script = "import socket, os\n\
+             a, b = socket.socketpair(socket.AF_UNIX)\n\
+             r, w = os.pipe()\n\
+             socket.send_fds(a, [b'x'], [r])\n\
+             msg, fds, flags, addr = socket.recv_fds(b, 1, 1)\n\
+             assert len(fds) == 1\n\
+             a.send(b'plain')\n\
+             b.recvmsg(16)";
+        let mut child = waiting_shell(&format!("exec /usr/bin/python3 -c \"{script}\""));
+        let pid = child.id();
+        t.trace(pid, traced::REPORT).unwrap();
+        go(&mut child);
+        assert!(child.wait().unwrap().success());
+        let evs = collect(t, "recvmsg with fds", |evs| {
+            evs.iter()
+                .any(|e| matches!(e, Event::FdsReceived { h, .. } if h.pid == pid))
+        });
+        let got: Vec<u64> = evs
+            .iter()
+            .filter_map(|e| match e {
+                Event::FdsReceived { h, control_bytes } if h.pid == pid => Some(*control_bytes),
+                _ => None,
+            })
+            .collect();
+        // One record: the message with an fd; the plain one carries none.
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0] >= 16, "a cmsg with one fd: {got:?}");
+    });
+}
+
+#[test]
+fn sys_exit_dups_reports_copies_of_tmpfs_fds_only() {
+    with_tmpfs("prog-dups", "1m", |mnt| {
+        // sys_exit_files marks the creator a holder; sys_exit_dups then
+        // reports its copies of that fd, not of others.
+        with_programs(&["sys_exit_files", "sys_exit_dups"], 21, |t| {
+            let script = format!(
+                "import os, fcntl\nfd = os.open('{}/seg', os.O_CREAT | os.O_RDWR)\n\
+                 other = os.open('/proc/self/stat', os.O_RDONLY)\n\
+                 os.dup(other)\nos.dup2(fd, 50)\nfcntl.fcntl(fd, fcntl.F_DUPFD, 60)\n\
+                 fcntl.fcntl(fd, fcntl.F_GETFL)",
+                mnt.display()
+            );
+            let mut child = waiting_shell(&format!("exec /usr/bin/python3 -c \"{script}\""));
+            let pid = child.id();
+            t.trace(pid, traced::REPORT).unwrap();
+            go(&mut child);
+            assert!(child.wait().unwrap().success());
+            let dups = |evs: &[Event]| -> Vec<i32> {
+                evs.iter()
+                    .filter_map(|e| match e {
+                        Event::Opened { h, fd, syscall, .. }
+                            if h.pid == pid && *syscall == Syscall::Dup =>
+                        {
+                            Some(*fd)
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            };
+            let evs = collect(t, "two dups of the tmpfs fd", |evs| dups(evs).len() >= 2);
+            let mut got = dups(&evs);
+            got.sort();
+            // dup2 onto 50 and F_DUPFD from 60: the copy of /proc/self/stat
+            // and F_GETFL are none.
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert_eq!(got[0], 50);
+            assert!(got[1] >= 60, "{got:?}");
+        })
+    });
+}
+
+/// The CUDA IPC uretprobes on the real CUDA runtime PyPI's PyTorch ships:
+/// without a GPU each call returns a real error code, captured as is. (The
+/// driver's cuIpc* probes need libcuda, which only a GPU node's driver
+/// installs: `scripts/gpu-check.sh` covers them there.)
+#[test]
+fn cuda_ipc_uretprobes_report_the_runtime_calls_error_codes() {
+    let venv = "/var/cache/shmtrace/torch-venv";
+    let lib = std::fs::read_dir(format!("{venv}/lib"))
+        .expect("PyPI PyTorch venv missing: run scripts/setup.sh --test")
+        .flatten()
+        .flat_map(|py| {
+            std::fs::read_dir(py.path().join("site-packages/nvidia"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .flat_map(|cu| {
+            std::fs::read_dir(cu.path().join("lib"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libcudart.so"))
+        })
+        .expect("libcudart in the venv");
+    with_programs(&["cuda"], 0, |t| {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(&lib).unwrap();
+        let name = lib.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            t.attach_cuda(&lib, &name, (md.dev(), md.ino())).unwrap(),
+            "attached to {}",
+            lib.display()
+        );
+        let script = format!(
+            "import ctypes\nc = ctypes.CDLL('{}')\nh = ctypes.create_string_buffer(64)\n\
+             print(c.cudaIpcGetMemHandle(h, ctypes.c_void_p(0)), \
+             c.cudaIpcOpenMemHandle(ctypes.byref(ctypes.c_void_p()), h, 1), flush=True)",
+            lib.display()
+        );
+        let mut child = Command::new(format!("{venv}/bin/python"))
+            .args(["-c", &format!("import sys; sys.stdin.readline()\n{script}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        t.trace(pid, traced::REPORT).unwrap();
+        go(&mut child);
+        let out = child.wait_with_output().unwrap();
+        let codes: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|c| c.parse().unwrap())
+            .collect();
+        assert_eq!(codes.len(), 2, "{out:?}");
+        assert!(codes.iter().all(|&c| c != 0), "no GPU: both fail {codes:?}");
+        let ours = |e: &Event| matches!(e, Event::CudaIpcFailed { h, .. } if h.pid == pid);
+        let evs = collect(t, "two CUDA IPC errors", |evs| {
+            evs.iter().filter(|e| ours(e)).count() >= 2
+        });
+        let got: Vec<(CudaCall, i32)> = evs
+            .iter()
+            .filter_map(|e| match e {
+                Event::CudaIpcFailed { h, call, code } if h.pid == pid => Some((*call, *code)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (CudaCall::GetMemHandle, codes[0]),
+                (CudaCall::OpenMemHandle, codes[1])
+            ]
+        );
+    });
 }
