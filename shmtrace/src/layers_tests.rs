@@ -370,3 +370,71 @@ fn use_trees_and_relative_paths_resolve() {
     };
     assert_eq!(circle(&t), None);
 }
+
+/// Whether `text` has `name` as a word of its own (not inside another).
+fn names(text: &str, name: &str) -> bool {
+    text.match_indices(name).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + name.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// DESIGN.md names every file of both crates (`name.rs`) and every eBPF
+/// program: a module or program added without its place in the design
+/// fails here.
+#[test]
+fn the_design_note_names_every_file_and_program() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let design = std::fs::read_to_string(root.join("DESIGN.md")).unwrap();
+    let (mut missing, mut programs) = (Vec::new(), 0);
+    for dir in ["shmtrace/src", "shmtrace-ebpf/src"] {
+        let mut files = Vec::new();
+        rust_files(&root.join(dir), &mut files);
+        for f in files {
+            let m = module_of(&root.join(dir), &f);
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            if is_test(&m) || ["mod.rs", "lib.rs", "main.rs"].contains(&name.as_str()) {
+                continue;
+            }
+            if !names(&design, &name) {
+                missing.push(format!("{dir}/{}", m.join("/")));
+            }
+            if dir.ends_with("ebpf/src") {
+                let text = std::fs::read_to_string(&f).unwrap();
+                let mut lines = text.lines().map(str::trim);
+                while let Some(l) = lines.next() {
+                    let hook = [
+                        "#[tracepoint",
+                        "#[raw_tracepoint",
+                        "#[uretprobe",
+                        "#[btf_tracepoint",
+                        "#[kprobe",
+                        "#[fentry",
+                    ]
+                    .iter()
+                    .any(|a| l.starts_with(a));
+                    if !hook {
+                        continue;
+                    }
+                    // The attribute may span lines; the fn follows it.
+                    let Some(name) = lines
+                        .by_ref()
+                        .find_map(|d| d.strip_prefix("pub fn "))
+                        .and_then(|r| r.split('(').next())
+                    else {
+                        continue;
+                    };
+                    programs += 1;
+                    if !design.contains(&format!("`{name}`")) {
+                        missing.push(format!("eBPF program {name}"));
+                    }
+                }
+            }
+        }
+    }
+    // Every program was found (a change of attribute style would hide them).
+    assert!(programs >= 16, "only {programs} eBPF programs found");
+    assert!(missing.is_empty(), "DESIGN.md does not name: {missing:#?}");
+}
