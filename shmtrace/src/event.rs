@@ -498,3 +498,106 @@ impl Event {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_and_killing_signals_are_told_apart() {
+        assert_eq!(
+            ExitStatus::from_kernel(3 << 8),
+            ExitStatus {
+                code: Some(3),
+                signal: None,
+                core_dumped: false
+            }
+        );
+        // SIGBUS with a core dump.
+        assert_eq!(
+            ExitStatus::from_kernel(7 | 0x80),
+            ExitStatus {
+                code: None,
+                signal: Some(7),
+                core_dumped: true
+            }
+        );
+    }
+
+    #[test]
+    fn devices_and_addresses_print_and_serialize_as_the_kernel_does() {
+        let d = Dev::new(0, 40);
+        assert_eq!((d.to_string(), d.0), ("0:40".to_string(), 40));
+        assert_eq!(Dev::new(259, 3).to_string(), "259:3");
+        assert_eq!(serde_json::to_value(d).unwrap(), "0:40");
+        assert_eq!(
+            serde_json::to_value(Addr(0x7f00_0000_1000)).unwrap(),
+            "0x7f0000001000"
+        );
+    }
+
+    #[test]
+    fn syscalls_and_cuda_calls_go_by_their_names() {
+        assert!(Syscall::Openat2.is_open() && Syscall::Creat.is_open());
+        assert!(!Syscall::Fallocate.is_open());
+        assert_eq!(
+            serde_json::to_value(Syscall::CopyFileRange).unwrap(),
+            "copy_file_range"
+        );
+        assert_eq!(
+            serde_json::to_value(CudaCall::OpenMemHandle).unwrap(),
+            "cudaIpcOpenMemHandle"
+        );
+        assert_eq!(
+            CudaCall::GetMemHandle.error_name(2),
+            "cudaErrorMemoryAllocation"
+        );
+        assert_eq!(
+            CudaCall::DriverGetMemHandle.error_name(2),
+            "CUDA_ERROR_OUT_OF_MEMORY"
+        );
+        assert_eq!(
+            CudaCall::DriverOpenMemHandle.error_name(12345),
+            "error 12345"
+        );
+        assert_eq!(CudaCall::from_wire(999_999), None);
+    }
+
+    #[test]
+    fn events_give_their_header_name_and_file() {
+        let file = FileRef {
+            dev: Dev(40),
+            ino: 7,
+            name: Some("seg".into()),
+            size: 0,
+            allocated: 0,
+            unlinked: false,
+            mount: MountPages {
+                dev: Dev(40),
+                max_pages: 0,
+                used_pages: 0,
+            },
+        };
+        let h = Header {
+            pid: 5,
+            ..Default::default()
+        };
+        let opened = Event::Opened {
+            h: h.clone(),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: 0,
+            file: file.clone(),
+        };
+        assert_eq!((opened.name(), opened.header().pid), ("open", 5));
+        assert_eq!(opened.file().map(FileRef::key), Some((Dev(40), 7)));
+        let closed = Event::Closed { h, fd: 3 };
+        assert_eq!((closed.name(), closed.file()), ("close", None));
+        let failed = FailedCall::Mremap {
+            old_addr: Addr(0),
+            old_len: 1,
+            new_len: 2,
+        };
+        assert_eq!(failed.syscall(), Syscall::Mremap);
+    }
+}

@@ -232,3 +232,52 @@ pub fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &st
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_program_appears_once_and_syscall_hooks_are_exits() {
+        let mut seen = std::collections::BTreeSet::new();
+        for h in HOOKS {
+            assert!(seen.insert(h.prog), "{} twice", h.prog);
+            assert!(!h.names.is_empty() && !h.loses.is_empty(), "{}", h.prog);
+            if h.category == "syscalls" {
+                // Only exits: the return value is the first test.
+                assert!(
+                    h.names.iter().all(|n| n.starts_with("sys_exit_")),
+                    "{}",
+                    h.prog
+                );
+            }
+        }
+        // read, futex, epoll_wait run no program.
+        let all: Vec<&str> = HOOKS.iter().flat_map(|h| h.names.iter().copied()).collect();
+        for quiet in ["sys_exit_read", "sys_exit_futex", "sys_exit_epoll_wait"] {
+            assert!(!all.contains(&quiet), "{quiet} is hooked");
+        }
+    }
+
+    #[test]
+    fn cuda_probes_cover_runtime_and_driver_calls() {
+        let symbols: Vec<&str> = CUDA_PROBES.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            symbols,
+            [
+                "cudaIpcGetMemHandle",
+                "cudaIpcOpenMemHandle",
+                "cuIpcGetMemHandle",
+                "cuIpcOpenMemHandle"
+            ]
+        );
+        assert_eq!(
+            hook_name(Kind::Raw, "", "signal_generate"),
+            "raw_tp/signal_generate"
+        );
+        assert_eq!(
+            hook_name(Kind::Tp, "oom", "mark_victim"),
+            "tracepoint oom:mark_victim"
+        );
+    }
+}

@@ -145,3 +145,68 @@ fn is_uid(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
         && s.matches('-').count() == 4
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "5b2b5b90953c90fc9de7c420aaac9d4c208fa293c428f1811f3d8e14c48b03ed";
+    const UID: &str = "0f3c2a1e-1111-2222-3333-444455556666";
+
+    #[test]
+    fn labels_say_pod_runtime_name_or_short_id() {
+        let c = parse(&format!("/libpod_parent/libpod-{ID}"));
+        assert_eq!(c.label(), "podman 5b2b5b90953c");
+        let mut named = c.clone();
+        named.named(Names {
+            container: Some("trainer".into()),
+            ..Default::default()
+        });
+        assert_eq!(named.label(), "podman trainer");
+        let pod = parse(&format!("/kubepods/burstable/pod{UID}/{ID}"));
+        assert_eq!(pod.label(), format!("pod {UID} / 5b2b5b90953c"));
+        assert_eq!(
+            parse("/user.slice/session-3.scope").label(),
+            "host /user.slice/session-3.scope"
+        );
+    }
+
+    #[test]
+    fn a_pod_is_named_only_with_its_uid_and_both_names() {
+        let mut c = parse(&format!("/kubepods/burstable/pod{UID}/{ID}"));
+        c.named(Names {
+            container: Some("worker".into()),
+            pod_namespace: Some("ml".into()),
+            pod_name: None,
+        });
+        assert!(c.pod.is_none(), "no pod name: no pod");
+        c.named(Names {
+            container: Some("worker".into()),
+            pod_namespace: Some("ml".into()),
+            pod_name: Some("train-0".into()),
+        });
+        let p = c.pod.as_ref().unwrap();
+        assert_eq!(
+            (p.namespace.as_str(), p.name.as_str(), p.uid.as_str()),
+            ("ml", "train-0", UID)
+        );
+        assert_eq!(p.container.id.as_deref(), Some(ID));
+        assert_eq!(c.label(), "pod ml/train-0 / worker");
+    }
+
+    #[test]
+    fn systemd_slices_give_the_uid_back_its_dashes() {
+        let c = parse(&format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{ID}.scope",
+            UID.replace('-', "_")
+        ));
+        assert_eq!(c.pod_uid.as_deref(), Some(UID));
+        assert_eq!(
+            (c.runtime.as_deref(), c.container_id.as_deref()),
+            (Some("containerd"), Some(ID))
+        );
+        // Not a uid, not a container.
+        let c = parse("/kubepods/podnotauid/abc");
+        assert_eq!((c.pod_uid, c.container_id), (None, None));
+    }
+}

@@ -572,4 +572,50 @@ mod tests {
         assert!(!fs.refaulted(7, Addr(0x1000)));
         assert_eq!((fs.len(), fs.all()[0].refaults), (1, 1));
     }
+
+    #[test]
+    fn kinds_come_from_errnos_and_serialize_by_name() {
+        assert_eq!(FailureKind::of_errno(libc::ENOSPC), FailureKind::Enospc);
+        assert_eq!(FailureKind::of_errno(libc::EMFILE), FailureKind::Emfile);
+        assert_eq!(FailureKind::of_errno(libc::EIO), FailureKind::Error);
+        for (k, name) in [
+            (FailureKind::MmapError, "mmap_error"),
+            (FailureKind::OomKill, "oom_kill"),
+            (FailureKind::CudaIpc, "cuda_ipc"),
+            (FailureKind::Edquot, "edquot"),
+        ] {
+            assert_eq!(serde_json::to_value(k).unwrap(), name);
+            assert_eq!(k.to_string(), name);
+        }
+        assert_eq!(
+            serde_json::to_value(Op::Cuda(CudaCall::GetMemHandle)).unwrap(),
+            "cudaIpcGetMemHandle"
+        );
+        assert_eq!(serde_json::to_value(UsageSource::Statfs).unwrap(), "statfs");
+        assert_eq!(
+            serde_json::to_value(NotShm::SentByOther).unwrap(),
+            "sent by another process"
+        );
+    }
+
+    #[test]
+    fn repeats_are_per_incident_kind_call_and_mount() {
+        let mut fs = Failures::default();
+        let f = |incident, kind, sc| {
+            let mut f = Failure::new(kind, 10, 7, 7);
+            f.incident = incident;
+            f.syscall = sc;
+            f.dev = Some(Dev(40));
+            f
+        };
+        let fallocate = Some(Op::Syscall(Syscall::Fallocate));
+        fs.recorded(f(1, FailureKind::Enospc, fallocate));
+        fs.recorded(f(1, FailureKind::Enospc, fallocate));
+        fs.recorded(f(1, FailureKind::Enospc, Some(Op::Syscall(Syscall::Write))));
+        fs.recorded(f(2, FailureKind::Enospc, fallocate));
+        fs.recorded(f(1, FailureKind::Sigbus, None));
+        assert_eq!(fs.len(), 4);
+        assert_eq!(fs.all()[0].repeats, 1);
+        assert!(fs.pids().contains(&7));
+    }
 }
