@@ -475,3 +475,150 @@ fn credit(f: &mut FileState, grown: u64, hint: u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHM: Dev = Dev(40);
+    const MIB: u64 = 1 << 20;
+
+    fn seen(files: &mut Files, ino: u64, allocated: u64, pid: u32) {
+        files.seen(
+            (SHM, ino),
+            Seen {
+                name: Some("seg"),
+                size: allocated as i64,
+                allocated,
+                unlinked: false,
+            },
+            pid,
+        );
+    }
+
+    #[test]
+    fn growth_is_credited_to_the_creator_while_it_holds_the_file() {
+        let mut fs = Files::default();
+        fs.opened(10, 3, (SHM, 1), true);
+        fs.opened(11, 4, (SHM, 1), false);
+        seen(&mut fs, 1, 4 * MIB, 11);
+        let f = fs.get((SHM, 1)).unwrap();
+        assert_eq!(
+            f.allocated_by.get(&10),
+            Some(&(4 * MIB)),
+            "the creator holds it"
+        );
+        // The creator let go: the next growth is the writer's.
+        fs.closed(10, 3);
+        seen(&mut fs, 1, 6 * MIB, 11);
+        let f = fs.get((SHM, 1)).unwrap();
+        assert_eq!(
+            (f.allocated_by[&10], f.allocated_by[&11]),
+            (4 * MIB, 2 * MIB)
+        );
+        // Shrinking takes from the last credited first.
+        seen(&mut fs, 1, 3 * MIB, 11);
+        let f = fs.get((SHM, 1)).unwrap();
+        assert_eq!(f.allocated_by.values().sum::<u64>(), 3 * MIB);
+    }
+
+    #[test]
+    fn holders_follow_opens_closes_forks_and_exits() {
+        let mut fs = Files::default();
+        fs.opened(10, 3, (SHM, 1), true);
+        fs.forked(10, 12);
+        assert_eq!(fs.get((SHM, 1)).unwrap().fd_holders, [10, 12].into());
+        assert_eq!(
+            fs.take_rescans(),
+            vec![12],
+            "a child's CLOEXEC fds are checked"
+        );
+        fs.gone(10);
+        assert_eq!(fs.get((SHM, 1)).unwrap().fd_holders, [12].into());
+        // An fd number reused for another file leaves the first.
+        fs.opened(12, 3, (SHM, 2), true);
+        assert!(fs.get((SHM, 1)).unwrap().fd_holders.is_empty());
+        assert_eq!(fs.holders_on(SHM), vec![(12, 0)]);
+    }
+
+    #[test]
+    fn per_process_bytes_keep_their_peaks_and_shared_files_count_once() {
+        let mut fs = Files::default();
+        fs.opened(10, 3, (SHM, 1), true);
+        fs.opened(11, 3, (SHM, 1), false);
+        seen(&mut fs, 1, 8 * MIB, 10);
+        fs.update_bytes();
+        assert_eq!(
+            (fs.bytes_of(10).held, fs.bytes_of(11).held),
+            (8 * MIB, 8 * MIB)
+        );
+        assert_eq!(fs.held_by_any(&[10, 11].into()), 8 * MIB, "one file, once");
+        seen(&mut fs, 1, 2 * MIB, 10);
+        fs.update_bytes();
+        let b = fs.bytes_of(10);
+        assert_eq!(
+            (b.held, b.peak_held, b.peak_allocated),
+            (2 * MIB, 8 * MIB, 8 * MIB)
+        );
+        assert_eq!(fs.bytes_on(SHM), 2 * MIB);
+        assert_eq!(fs.segments().max_bytes, 8 * MIB);
+        assert_eq!(fs.segments().creators, [10].into());
+    }
+
+    #[test]
+    fn unheld_files_are_looked_up_by_plain_names_only_and_trimmed_first() {
+        let mut fs = Files::default();
+        for (ino, name) in [(1, "ok"), (2, "bad\\x0aname"), (3, ".../deep/x")] {
+            fs.seen(
+                (SHM, ino),
+                Seen {
+                    name: Some(name),
+                    size: 1,
+                    allocated: 4096,
+                    unlinked: false,
+                },
+                9,
+            );
+        }
+        let names: Vec<String> = fs.unheld_named().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(names, vec!["ok".to_string()]);
+        // Its name is gone: unlinked with nobody holding it, freed.
+        fs.looked_up((SHM, 1), Lookup::Missing);
+        assert!(!fs.contains((SHM, 1)));
+        for ino in 100..(100 + MAX_FILES as u64 + 5) {
+            seen(&mut fs, ino, 4096, 9);
+        }
+        fs.opened(9, 3, (SHM, 100), true);
+        fs.trim();
+        assert_eq!(fs.len(), MAX_FILES);
+        assert!(fs.contains((SHM, 100)), "a held file stays");
+        assert!(fs.dropped() >= 5);
+    }
+
+    #[test]
+    fn a_rescan_finds_fds_that_came_without_an_open() {
+        let mut fs = Files::default();
+        let entry = |fd, dev, ino| FdEntry {
+            fd,
+            stat: FileStat {
+                dev,
+                ino,
+                size: 0,
+                allocated: 0,
+                nlink: 1,
+                regular: true,
+            },
+            name: Some("torch_1".into()),
+        };
+        fs.rescanned(
+            20,
+            vec![entry(7, SHM, 5), entry(8, Dev(8 << 20 | 1), 9)],
+            |d| d == SHM,
+        );
+        assert_eq!(fs.get((SHM, 5)).unwrap().fd_holders, [20].into());
+        assert!(!fs.contains((Dev(8 << 20 | 1), 9)), "ext4 is not tracked");
+        // The fd is gone at the next rescan.
+        fs.rescanned(20, vec![], |d| d == SHM);
+        assert!(fs.get((SHM, 5)).unwrap().fd_holders.is_empty());
+    }
+}

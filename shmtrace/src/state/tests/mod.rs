@@ -3,6 +3,7 @@
 //! failure classification; `attribution.rs`: bytes, mounts, containers.
 
 mod attribution;
+mod identity;
 mod missing;
 
 use super::*;
