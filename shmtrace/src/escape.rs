@@ -52,4 +52,17 @@ mod tests {
         assert_eq!(bytes("caf\u{e9}".as_bytes()), "caf\u{e9}");
         assert_eq!(str("x\u{202e}y"), "x\\xe2\\x80\\xaey");
     }
+
+    #[test]
+    fn names_that_could_forge_a_line_or_a_terminal_sequence_are_defused() {
+        // A newline, an escape sequence and a quote in a file name.
+        let e = bytes(b"x\n\x1b[2J\"}");
+        assert!(!e.contains('\n') && !e.contains('\x1b'), "{e}");
+        assert_eq!(e, r#"x\x0a\x1b[2J"}"#);
+        // Valid UTF-8 stays readable; a backslash is doubled.
+        assert_eq!(str("réseau"), "réseau");
+        assert_eq!(str(r"a\b"), r"a\\b");
+        // Bidi overrides cannot reorder what a terminal shows.
+        assert_eq!(str("a\u{202e}b"), r"a\xe2\x80\xaeb");
+    }
 }

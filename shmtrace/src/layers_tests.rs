@@ -438,3 +438,11 @@ fn the_design_note_names_every_file_and_program() {
     assert!(programs >= 16, "only {programs} eBPF programs found");
     assert!(missing.is_empty(), "DESIGN.md does not name: {missing:#?}");
 }
+
+#[test]
+fn a_file_is_named_only_as_a_word_of_its_own() {
+    assert!(names("see `run.rs` and more", "run.rs"));
+    assert!(names("run.rs, pid.rs", "pid.rs"));
+    assert!(!names("prun.rs", "run.rs"));
+    assert!(!names("run.rsx", "run.rs"));
+}

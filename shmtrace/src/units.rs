@@ -62,4 +62,14 @@ mod tests {
         assert_eq!(super::human_bytes(64 << 20), "64.0 MiB");
         assert_eq!(super::human_bytes(3 << 29), "1.5 GiB");
     }
+
+    #[test]
+    fn the_page_size_is_the_kernels() {
+        let p = super::page_size();
+        assert!(p.is_power_of_two() && p >= 4096, "{p}");
+        // SAFETY: sysconf has no preconditions.
+        let libc_says = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+        assert_eq!(p, libc_says);
+        assert_eq!(super::MIB, 1 << 20);
+    }
 }

@@ -236,3 +236,79 @@ fn the_process_shmtrace_was_given_is_no_worker() {
     assert!(!d.summary.contains("DataLoader worker"), "{}", d.summary);
     assert!(d.summary.starts_with("pid 10 "), "{}", d.summary);
 }
+
+#[test]
+fn segments_are_sized_by_their_makers_and_the_largest() {
+    let facts = dataloader("torch");
+    let scope = Scope::whole(&facts);
+    // Workers 13 and 11 made 16 MiB segments and failed.
+    assert_eq!(crate::analysis::segments::workers_allocating(&scope), 2);
+    assert_eq!(crate::analysis::segments::largest_segment(&scope), 16 * MIB);
+}
+
+#[test]
+fn dataloader_settings_that_fit_are_worked_out_from_the_size() {
+    let facts = dataloader("torch");
+    let d = diagnose(&Scope::whole(&facts)).unwrap();
+    let fit = d.dataloader.unwrap();
+    // 64 MiB, 80% usable (51.2 MiB), in flight (2 x 2 + 2) batches: at
+    // most 8.5 MiB each; or 3 batches of 16 MiB: one worker, prefetch 1.
+    assert!(
+        fit.contains("with num_workers=2 and prefetch_factor=2, batches must be at most 8.5 MiB"),
+        "{fit}"
+    );
+    assert!(
+        fit.ends_with("or num_workers <= 1 with prefetch_factor=1"),
+        "{fit}"
+    );
+}
+
+#[test]
+fn an_incident_scope_sees_only_its_own_mount() {
+    let mut facts = dataloader("torch");
+    // A second incident elsewhere: another mount, another namespace.
+    let mut other = facts.failures[0].clone();
+    other.incident = 99;
+    other.pid = 500;
+    other.dev = Some(crate::event::Dev(77));
+    other.mnt_ns = 123;
+    facts.failures.push(other);
+    let first = facts.failures[0].incident;
+    let mine = Scope::incident(&facts, first);
+    assert!(mine.failures.iter().all(|f| f.pid != 500));
+    let theirs = Scope::incident(&facts, 99);
+    assert_eq!(theirs.failures.len(), 1);
+    assert!(theirs.files.is_empty(), "no file of its mount was seen");
+    assert!(theirs.processes.is_empty(), "none in its namespace");
+}
+
+#[test]
+fn fallocate_by_unnamed_workers_is_torch_multiprocessing_not_a_dataloader() {
+    // PyTorch 2.x names DataLoader workers pt_data_worker; these are not,
+    // and they reserve with posix_fallocate: torch.multiprocessing.
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(10, "python train.py".into());
+    st.add_existing(&mut host, 10, 0, true);
+    let fork = s.h(10, 1);
+    let worker = s.h(11, 10);
+    let evs = vec![
+        Event::Fork { h: fork, child: 11 },
+        crate::state::tests::enospc(
+            worker,
+            Syscall::Fallocate,
+            5,
+            8 * MIB,
+            file(100, "torch_11_1", 0, 0, 16000),
+        ),
+    ];
+    for e in &evs {
+        st.apply(e, &mut host);
+    }
+    let d = diagnose(&Scope::whole(&Facts::gather(&st, ctx()))).unwrap();
+    assert!(
+        d.signature.starts_with("pytorch-multiprocessing:"),
+        "{}",
+        d.signature
+    );
+    assert!(d.dataloader.is_none(), "no DataLoader arithmetic");
+}

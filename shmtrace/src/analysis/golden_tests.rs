@@ -64,8 +64,7 @@ fn apply(st: &mut State, host: &mut Fixture, evs: &[Event]) {
 }
 
 /// A DataLoader whose worker 13 faults first, then 11; both die.
-#[test]
-fn golden_dataloader_sigbus() {
+fn dataloader_sigbus() -> State {
     let (mut st, mut host, mut s) = setup();
     host.cmdlines.insert(10, "python train.py".into());
     st.add_existing(&mut host, 10, 0, true);
@@ -128,12 +127,11 @@ fn golden_dataloader_sigbus() {
         });
     }
     apply(&mut st, &mut host, &evs);
-    check("dataloader_sigbus", &st);
+    st
 }
 
 /// PyTorch 2.x: fallocate ENOSPC in a worker, then in the main process.
-#[test]
-fn golden_fallocate_enospc() {
+fn fallocate_enospc() -> State {
     let (mut st, mut host, mut s) = setup();
     st.add_existing(&mut host, 10, 0, true);
     let fork = s.h(10, 1);
@@ -158,13 +156,12 @@ fn golden_fallocate_enospc() {
         ),
     ];
     apply(&mut st, &mut host, &evs);
-    check("fallocate_enospc", &st);
+    st
 }
 
 /// Calls that fail for other reasons than a full /dev/shm: an mmap past
 /// RLIMIT_AS, an open at the inode limit, a file-size limit.
-#[test]
-fn golden_other_causes() {
+fn other_causes() -> State {
     let (mut st, mut host, mut s) = setup();
     host.dirs.insert(21, "/dev/shm".into());
     host.usage.get_mut(&SHM).unwrap().inodes_used = 1000;
@@ -226,13 +223,12 @@ fn golden_other_causes() {
         },
     };
     apply(&mut st, &mut host, &[mmap, open, efbig]);
-    check("other_causes", &st);
+    st
 }
 
 /// The OOM killer takes a shm writer in a memory cgroup at its limit;
 /// a CUDA IPC call fails elsewhere.
-#[test]
-fn golden_oom_and_cuda() {
+fn oom_and_cuda() -> State {
     let (mut st, mut host, mut s) = setup();
     host.memcgs
         .insert(51, (2, "/kubepods/burstable/podabc/0123".into()));
@@ -267,12 +263,11 @@ fn golden_oom_and_cuda() {
         },
     ];
     apply(&mut st, &mut host, &evs);
-    check("oom_and_cuda", &st);
+    st
 }
 
 /// A segment removed by a cleanup job, then opened: found gone.
-#[test]
-fn golden_segment_gone() {
+fn segment_gone() -> State {
     let (mut st, mut host, mut s) = setup();
     let mut rm = s.h(77, 1);
     rm.comm = "rm".into();
@@ -296,5 +291,80 @@ fn golden_segment_gone() {
     let at = open.header().ts_ns;
     apply(&mut st, &mut host, &[unlink, open]);
     st.settle(&mut host, at + crate::state::missing::MISSING_GRACE_NS);
-    check("segment_gone", &st);
+    st
+}
+
+#[test]
+fn golden_dataloader_sigbus() {
+    check("dataloader_sigbus", &dataloader_sigbus());
+}
+
+#[test]
+fn golden_fallocate_enospc() {
+    check("fallocate_enospc", &fallocate_enospc());
+}
+
+#[test]
+fn golden_other_causes() {
+    check("other_causes", &other_causes());
+}
+
+#[test]
+fn golden_oom_and_cuda() {
+    check("oom_and_cuda", &oom_and_cuda());
+}
+
+#[test]
+fn golden_segment_gone() {
+    check("segment_gone", &segment_gone());
+}
+
+/// The closing summary of each: what a person reads first.
+fn summary(st: &State) -> String {
+    crate::output::summary::render(&Report::build(st, ctx()))
+}
+
+#[test]
+fn the_summary_leads_with_the_first_worker_and_the_fix() {
+    let text = summary(&dataloader_sigbus());
+    let first = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("first failure"))
+        .unwrap();
+    assert!(first.contains("pid 13 (worker_13)"), "{text}");
+    assert!(
+        text.contains("why            the tmpfs had no free page for this write (full)"),
+        "{text}"
+    );
+    assert!(text.contains("docker run --shm-size=128m"), "{text}");
+    // The collateral worker is listed after it, with its delay.
+    assert!(text.contains("1 later failure"), "{text}");
+    assert!(text.contains("pid 11 (worker_11)"), "{text}");
+}
+
+#[test]
+fn the_summary_of_a_cause_other_than_a_full_mount_gives_its_fix_not_a_size() {
+    let text = summary(&other_causes());
+    assert!(
+        text.contains("RLIMIT_AS (ulimit -v) of 256.0 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("ulimit -v unlimited"), "{text}");
+    assert!(!text.contains("--shm-size"), "{text}");
+}
+
+#[test]
+fn the_summary_of_an_oom_kill_names_the_limit() {
+    let text = summary(&oom_and_cuda());
+    assert!(text.contains("killed by the OOM killer"), "{text}");
+    assert!(text.contains("allows 48.0 MiB"), "{text}");
+    assert!(!text.contains("--shm-size"), "{text}");
+}
+
+#[test]
+fn reports_are_the_same_whatever_the_order_files_were_seen_in() {
+    // Files are listed by (dev, ino), not in hash order: two builds agree.
+    let a = serde_json::to_string(&Report::build(&dataloader_sigbus(), ctx())).unwrap();
+    let b = serde_json::to_string(&Report::build(&dataloader_sigbus(), ctx())).unwrap();
+    assert_eq!(a, b);
 }

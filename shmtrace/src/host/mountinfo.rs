@@ -112,4 +112,18 @@ mod tests {
         };
         assert_eq!(u.free_bytes(), 0);
     }
+
+    #[test]
+    fn lines_without_a_separator_or_a_device_are_skipped() {
+        let m = parse_mountinfo(
+            "30 22 0:26 / /dev/shm rw shared:4 tmpfs tmpfs rw\n\
+             31 22 x:y / /a rw - tmpfs none rw\n\
+             32 22 0:27 / /b rw - tmpfs none rw\n",
+        );
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].dev, m[0].mountpoint.as_str()),
+            (Dev::new(0, 27), "/b")
+        );
+    }
 }

@@ -11,3 +11,19 @@ pub fn write(r: &impl Serialize, path: &std::path::Path) -> Result<()> {
     super::files::write_atomic(path, text.as_bytes())
         .with_context(|| format!("cannot write report {}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_report_is_written_whole_and_an_unwritable_place_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        super::write(&serde_json::json!({"schema": 1, "name": "a\nb"}), &path).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v["name"], "a\nb");
+        let e =
+            super::write(&serde_json::json!({}), &dir.path().join("no/such/r.json")).unwrap_err();
+        assert!(format!("{e:#}").contains("cannot write report"), "{e:#}");
+    }
+}

@@ -618,4 +618,18 @@ mod tests {
         assert_eq!(fs.all()[0].repeats, 1);
         assert!(fs.pids().contains(&7));
     }
+
+    #[test]
+    fn only_a_sigbus_of_the_same_thread_and_address_is_a_refault() {
+        let mut fs = Failures::default();
+        let mut f = Failure::new(FailureKind::Enospc, 1, 5, 6);
+        f.fault_addr = Some(Addr(0x1000));
+        fs.recorded(f);
+        assert!(!fs.refaulted(6, Addr(0x1000)), "an ENOSPC is no fault");
+        let mut f = Failure::new(FailureKind::Sigbus, 2, 5, 6);
+        f.fault_addr = Some(Addr(0x1000));
+        fs.recorded(f);
+        assert!(fs.refaulted(6, Addr(0x1000)));
+        assert_eq!(fs.all()[1].refaults, 1);
+    }
 }
