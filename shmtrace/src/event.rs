@@ -402,6 +402,14 @@ impl CudaCall {
         })
     }
 
+    /// The library the call is in, as failures list it.
+    pub fn library(self) -> &'static str {
+        match self {
+            Self::GetMemHandle | Self::OpenMemHandle => "libcudart",
+            Self::DriverGetMemHandle | Self::DriverOpenMemHandle => "libcuda",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::GetMemHandle => "cudaIpcGetMemHandle",

@@ -325,6 +325,13 @@ impl State {
             call: *call,
             code: *code,
         };
+        // The probe that fired names the library, whether or not the
+        // process is still there to show its maps.
+        f.libraries = self.libraries_of(host, h.pid);
+        let probed = call.library();
+        if !f.libraries.contains(&probed) {
+            f.libraries.push(probed);
+        }
         f.reason = Reason::CudaIpc;
         self.record(host, f);
     }

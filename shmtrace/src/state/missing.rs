@@ -99,6 +99,9 @@ impl State {
         f.reason = Reason::SegmentGone;
         f.why = Cause::SegmentGone;
         f.removed_by = self.removals.removal_of(&at, f.ts_ns).cloned();
+        // Evidence read now, while the process most likely lives: the
+        // failure is recorded only after the grace, when it may be gone.
+        f.libraries = self.libraries_of(host, f.pid);
         if self.missing.len() >= MAX_HELD {
             self.record(host, f);
         } else {

@@ -83,8 +83,7 @@ impl State {
         // Which libraries it runs: evidence of the user when names say
         // little (read while it may still be there; a dead one shows none).
         if f.libraries.is_empty() {
-            let maps = host.maps(f.pid);
-            f.libraries = super::evidence::libraries(maps.iter().filter_map(|m| m.name.as_deref()));
+            f.libraries = self.libraries_of(host, f.pid);
         }
         let cgid = self.procs.get(f.pid).map(|p| p.cgroup_id).unwrap_or(0);
         f.container = match self.container_of_id(host, cgid) {
@@ -92,5 +91,11 @@ impl State {
             None => self.container_of_pid(host, f.pid),
         };
         self.failures.recorded(f);
+    }
+
+    /// The known libraries `pid` maps now (none once it is gone).
+    pub(super) fn libraries_of(&self, host: &mut dyn Host, pid: u32) -> Vec<&'static str> {
+        let maps = host.maps(pid);
+        super::evidence::libraries(maps.iter().filter_map(|m| m.name.as_deref()))
     }
 }

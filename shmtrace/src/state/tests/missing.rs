@@ -99,3 +99,26 @@ fn a_removal_after_the_open_does_not_explain_it() {
     st.settle(&mut host, u64::MAX);
     assert!(st.failures.all()[0].removed_by.is_none());
 }
+
+#[test]
+fn the_libraries_of_a_consumer_are_read_before_the_grace_not_after() {
+    let (mut st, mut host, mut s) = setup();
+    host.maps.insert(
+        20,
+        vec![crate::host::MapsEntry {
+            start: Addr(0x1000),
+            end: Addr(0x2000),
+            file_offset: 0,
+            dev: Dev::new(8, 1),
+            ino: 1,
+            name: Some("libtorch_cpu.so".into()),
+        }],
+    );
+    let ev = gone(&mut s, 20, "/dev/shm/torch_5_1");
+    let at = ev.header().ts_ns;
+    st.apply(&ev, &mut host);
+    // The consumer dies of its RuntimeError during the grace.
+    host.maps.remove(&20);
+    st.settle(&mut host, at + MISSING_GRACE_NS);
+    assert_eq!(st.failures.all()[0].libraries, vec!["libtorch"]);
+}
