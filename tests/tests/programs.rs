@@ -191,16 +191,7 @@ fn signal_deliver_reports_the_default_action() {
 
 #[test]
 fn syscall_exits_report_tmpfs_creation_and_enospc() {
-    let dir = scratch("sys-exit");
-    let mnt = dir.join("shm");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount tmpfs");
-    let result = std::panic::catch_unwind(|| {
+    with_tmpfs("sys-exit", "64k", |mnt| {
         // Writes, opens, mmap, munmap, mremap, ftruncate: 17 syscalls.
         with_programs(&["sys_exit_files"], 17, |t| {
             // Another process: shmtrace never traces its own.
@@ -247,11 +238,6 @@ fn syscall_exits_report_tmpfs_creation_and_enospc() {
             assert_eq!(file.mount.max_pages, 16, "64 KiB of 4 KiB pages");
         })
     });
-    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 #[test]
@@ -287,16 +273,7 @@ fn oom_mark_victim_reports_the_victim_and_its_shmem() {
 
 #[test]
 fn sys_exit_close_reports_closes_of_the_tmpfs_files_a_process_created() {
-    let dir = scratch("sys-exit-close");
-    let mnt = dir.join("shm");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount tmpfs");
-    let result = std::panic::catch_unwind(|| {
+    with_tmpfs("sys-exit-close", "1m", |mnt| {
         // sys_exit_files sees the creation (and marks the process a
         // holder); sys_exit_close only reports fds it knows.
         with_programs(&["sys_exit_files", "sys_exit_close"], 18, |t| {
@@ -333,11 +310,6 @@ fn sys_exit_close_reports_closes_of_the_tmpfs_files_a_process_created() {
             assert_eq!(closed, vec![fd]);
         })
     });
-    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }
 
 /// A private tmpfs at `dir/shm` for `f`, unmounted after it (even on failure).

@@ -6,11 +6,11 @@
 
 use crate::{
     analysis::{Report, facts::Context},
-    event::{Addr, CudaCall, Event, ExitStatus, FailedCall, KernelLimits, MountPages, Syscall},
+    event::{Addr, CudaCall, Event, ExitStatus, FailedCall, KernelLimits, Syscall},
     host::{Limits, fixture::Fixture, memcg::Memcg},
     state::{
         State,
-        tests::{MIB, SHM, enospc, file, setup},
+        tests::{MIB, SHM, dataloader_events, enospc, file, setup},
     },
 };
 
@@ -68,48 +68,7 @@ fn dataloader_sigbus() -> State {
     let (mut st, mut host, mut s) = setup();
     host.cmdlines.insert(10, "python train.py".into());
     st.add_existing(&mut host, 10, 0, true);
-    let mut evs = Vec::new();
-    for w in [11, 12, 13] {
-        evs.push(Event::Fork {
-            h: s.h(10, 1),
-            child: w,
-        });
-    }
-    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
-        let f = file(w as u64, &format!("torch_{w}_1"), 16 * MIB as i64, 0, 16000);
-        evs.push(Event::Opened {
-            h: s.h(w, 10),
-            syscall: Syscall::Openat,
-            fd: 5,
-            flags: libc::O_CREAT as u64,
-            file: f.clone(),
-        });
-        evs.push(Event::Mapped {
-            h: s.h(w, 10),
-            addr: Addr(base),
-            len: 16 * MIB,
-            prot: 3,
-            flags: 1,
-            offset: 0,
-            file: f,
-            mountpoint: None,
-        });
-    }
-    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
-        evs.push(Event::Sigbus {
-            h: s.h(w, 10),
-            target: w,
-            target_tid: w,
-            si_code: 2,
-            si_errno: 0,
-            addr: Addr(base + 8 * MIB),
-            mount: Some(MountPages {
-                dev: SHM,
-                max_pages: 16384,
-                used_pages: 16384,
-            }),
-        });
-    }
+    let mut evs = dataloader_events(&mut s, "torch");
     // A SIGBUS a process sends is no failure; it is kept aside.
     evs.push(Event::Sigbus {
         h: s.h(12, 10),

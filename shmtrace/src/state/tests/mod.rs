@@ -386,3 +386,58 @@ fn exec_reads_the_command_line_and_delivery_records_the_handler() {
     );
     assert!(st.procs.get(60).unwrap().sigbus_handler_ran);
 }
+
+/// A DataLoader's events: main 10 forks workers 11, 12, 13; 13 and 11 map
+/// 16 MiB segments named `{names}_{w}_1` and fault on them, 13 first, on a
+/// full mount. (Their deaths are the caller's to add.)
+pub fn dataloader_events(s: &mut Stream, names: &str) -> Vec<Event> {
+    let mut evs = Vec::new();
+    for w in [11, 12, 13] {
+        evs.push(Event::Fork {
+            h: s.h(10, 1),
+            child: w,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        let f = file(
+            w as u64,
+            &format!("{names}_{w}_1"),
+            16 * MIB as i64,
+            0,
+            16000,
+        );
+        evs.push(Event::Opened {
+            h: s.h(w, 10),
+            syscall: Syscall::Openat,
+            fd: 5,
+            flags: libc::O_CREAT as u64,
+            file: f.clone(),
+        });
+        evs.push(Event::Mapped {
+            h: s.h(w, 10),
+            addr: Addr(base),
+            len: 16 * MIB,
+            prot: 3,
+            flags: 1,
+            offset: 0,
+            file: f,
+            mountpoint: None,
+        });
+    }
+    for (w, base) in [(13u32, 0x7f00_0000_0000u64), (11, 0x7f10_0000_0000)] {
+        evs.push(Event::Sigbus {
+            h: s.h(w, 10),
+            target: w,
+            target_tid: w,
+            si_code: 2,
+            si_errno: 0,
+            addr: Addr(base + 8 * MIB),
+            mount: Some(MountPages {
+                dev: SHM,
+                max_pages: 16384,
+                used_pages: 16384,
+            }),
+        });
+    }
+    evs
+}
