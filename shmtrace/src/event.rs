@@ -1,8 +1,6 @@
 //! The typed events: what the kernel told us, decoded once from the wire
 //! record (`capture::decode`). Everything downstream (state, analysis,
 //! output) reads these named fields; nothing touches the raw `args`.
-//! One file on purpose (a little over 450 lines): the enum and the small
-//! value types its variants carry are read together.
 
 use std::fmt;
 

@@ -2,9 +2,9 @@
 //! kind of fact. [`State::apply`] routes each typed event to them; every
 //! read of the machine goes through the [`Host`] it is given, so a unit
 //! test drives it with a fixture host and a synthetic event stream.
-//! One file on purpose (about 490 lines): `apply` and `tick` are the two
-//! routes through every component and read best side by side; what each
-//! event does beyond routing lives in the component files.
+//! `apply` and `tick` are the two routes through every component and read
+//! best side by side; what each event does beyond routing lives in the
+//! component files.
 
 pub mod causes;
 pub mod classify;
