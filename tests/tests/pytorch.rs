@@ -170,5 +170,19 @@ fn pypi_torch_dataloader_fallocate_enospc() {
         records[1..].iter().all(|r| later.contains(&r.0)),
         "later failures {later:?} vs {records:?}"
     );
+    // The mount's peak is at least its use at the failure, though the
+    // once-a-second samples may all have missed it.
+    let used = f["mount"]["used_bytes"].as_u64().unwrap();
+    let mount = t.report["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["dev"] == f["mount"]["dev"])
+        .expect("the failing mount in mounts[]");
+    assert!(
+        mount["peak_used_bytes"].as_u64().unwrap() >= used,
+        "peak {} below the use at the failure {used}",
+        mount["peak_used_bytes"]
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

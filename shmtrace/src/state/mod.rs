@@ -377,6 +377,17 @@ impl State {
             human_bytes(file.allocated)
         );
         self.evidence.noted(file.dev, line);
+        // The mount's use as the kernel read it at this event: it may fill
+        // and empty again before the next sample.
+        let m = file.mount;
+        if m.used_pages > 0 {
+            let used = m.used_pages * page_size();
+            let used = match m.max_pages {
+                0 => used,
+                max => used.min(max * page_size()),
+            };
+            self.mount_stats.saw_use(file.dev, used);
+        }
         self.files.seen(
             file.key(),
             Seen {

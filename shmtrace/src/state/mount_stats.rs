@@ -49,6 +49,9 @@ pub struct MountStat {
 #[derive(Default)]
 pub struct MountStats {
     by_dev: BTreeMap<Dev, MountStat>,
+    /// The highest use any event or failure showed, by device: a mount can
+    /// fill and empty between two samples (statfs, once a second).
+    seen_peaks: BTreeMap<Dev, u64>,
 }
 
 impl MountStats {
@@ -85,6 +88,18 @@ impl MountStats {
     /// Keeps only these devices (mounts of namespaces let go leave).
     pub fn retain(&mut self, devs: &std::collections::BTreeSet<Dev>) {
         self.by_dev.retain(|d, _| devs.contains(d));
+        self.seen_peaks.retain(|d, _| devs.contains(d));
+    }
+
+    /// `used` bytes of `dev` were in use at an event (the superblock's
+    /// counters the kernel read, or the mount as it stood at a failure):
+    /// the peak is a true maximum, not the highest of the samples.
+    pub fn saw_use(&mut self, dev: Dev, used: u64) {
+        let p = self.seen_peaks.entry(dev).or_default();
+        *p = (*p).max(used);
+        if let Some(s) = self.by_dev.get_mut(&dev) {
+            s.peak_used_bytes = s.peak_used_bytes.max(used);
+        }
     }
 
     /// One measurement of `m`: its use (when statfs answered) and the bytes
@@ -114,6 +129,9 @@ impl MountStats {
             memory_room_bytes: None,
         });
         s.tracked_bytes = tracked;
+        s.peak_used_bytes = s
+            .peak_used_bytes
+            .max(self.seen_peaks.get(&m.dev).copied().unwrap_or(0));
         s.mountpoint = Some(escape::str(&m.mountpoint));
         // The host's name outlives its unmount (a container stopped).
         if host_mountpoint.is_some() {

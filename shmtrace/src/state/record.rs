@@ -90,6 +90,9 @@ impl State {
             Some(c) => Some(c),
             None => self.container_of_pid(host, f.pid),
         };
+        if let (Some(dev), Some(used)) = (f.dev, f.mount.as_ref().and_then(|m| m.used_bytes)) {
+            self.mount_stats.saw_use(dev, used);
+        }
         self.failures.recorded(f);
     }
 

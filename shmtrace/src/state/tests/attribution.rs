@@ -322,3 +322,41 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
     assert!(st.files.procs_counted() <= procs::KEEP_EXITED + 2);
     assert_eq!(st.failures.len(), 1);
 }
+
+#[test]
+fn the_peak_is_the_highest_use_any_event_showed_not_only_the_samples() {
+    let (mut st, mut host, mut s) = setup();
+    // statfs says empty at every tick; the kernel saw the mount at 48 MiB
+    // when the file was created, and full at the failure.
+    let seg = file(5, "seg", 0, 0, 48 * MIB / 4096);
+    st.apply(
+        &Event::Opened {
+            h: s.h(30, 1),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: seg,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let m = st.mount_stats.get(SHM).unwrap();
+    assert_eq!((m.used_bytes, m.peak_used_bytes), (Some(0), 48 * MIB));
+    st.apply(
+        &enospc(
+            s.h(30, 1),
+            Syscall::Fallocate,
+            3,
+            MIB,
+            file(5, "seg", 0, 0, 64 * MIB / 4096),
+        ),
+        &mut host,
+    );
+    assert_eq!(st.mount_stats.get(SHM).unwrap().peak_used_bytes, 64 * MIB);
+    st.tick(&mut host);
+    assert_eq!(
+        st.mount_stats.get(SHM).unwrap().peak_used_bytes,
+        64 * MIB,
+        "kept"
+    );
+}
