@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) -ne 0 ]]; then
-    echo "demo.sh: shmtrace loads eBPF programs: run as root (sudo $0)" >&2
+    echo "demo.sh: shmtrace loads eBPF programs: run as root (as a user: sudo $0)" >&2
     exit 1
 fi
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -11,7 +11,7 @@ want_test=0
 say() { printf 'setup: %s\n' "$*" >&2; }
 
 if [[ $(id -u) -ne 0 ]]; then
-    say "must run as root (installs packages); try: sudo $0 $*"
+    say "must run as root (installs packages); as a user: sudo $0 $*"
     exit 1
 fi
 
