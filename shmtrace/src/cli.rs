@@ -84,11 +84,12 @@ pub struct OutputArgs {
     #[arg(long, global = true)]
     pub live: bool,
 
-    /// Node-wide: serve Prometheus metrics (and /healthz) on ADDR, e.g.
-    /// 0.0.0.0:9464: /dev/shm size, use and peak per mount, bytes held per
-    /// container, failures by reason, lost events.
-    #[arg(long, value_name = "ADDR", global = true)]
-    pub metrics: Option<String>,
+    /// Node-wide: serve Prometheus metrics (and /healthz) on ADDR: :9464
+    /// (every interface), 127.0.0.1:9464, [::]:9464. /dev/shm size, use
+    /// and peak per mount, bytes held per container, failures by reason,
+    /// lost events.
+    #[arg(long, value_name = "ADDR", global = true, value_parser = parse_listen)]
+    pub metrics: Option<std::net::SocketAddr>,
 
     /// Node-wide: seconds a container's mount namespace (and its /dev/shm)
     /// stays watched after its last process exits.
@@ -322,6 +323,27 @@ fn parse_ring(s: &str) -> Result<u32> {
     Ok(b as u32)
 }
 
+/// Where to listen, as exporters take it: ":9464" (every interface),
+/// "0.0.0.0:9464", "[::]:9464", "localhost:9464". Names other than
+/// localhost are refused rather than resolved (a DNS lookup would stall).
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    let bad = || {
+        anyhow::anyhow!(
+            "'{s}' is not a listen address: give :PORT, IP:PORT or [IPv6]:PORT (e.g. :9464, 127.0.0.1:9464, [::]:9464)"
+        )
+    };
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)));
+    }
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    }
+    s.parse().map_err(|_| bad())
+}
+
 /// "64M", "1G", "65536k", "512MiB", "1048576" -> bytes.
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -370,5 +392,26 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn listen_addresses_as_exporters_take_them() {
+        assert_eq!(parse_listen(":9466").unwrap().to_string(), "0.0.0.0:9466");
+        assert_eq!(
+            parse_listen("127.0.0.1:9464").unwrap().to_string(),
+            "127.0.0.1:9464"
+        );
+        assert_eq!(parse_listen("[::]:9464").unwrap().to_string(), "[::]:9464");
+        assert_eq!(
+            parse_listen("localhost:80").unwrap().to_string(),
+            "127.0.0.1:80"
+        );
+        for bad in ["notanaddr", ":", ":99999", "example.com:9464", "9464"] {
+            let e = parse_listen(bad).unwrap_err().to_string();
+            assert!(e.contains("not a listen address"), "{bad}: {e}");
+        }
+        // A bad address is a usage error, before anything starts.
+        let e = Cli::try_parse_from(["shmtrace", "--metrics", "notanaddr"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
     }
 }

@@ -31,7 +31,7 @@ pub struct Outputs {
     /// Show the live view (top-like on a terminal, a line a second otherwise).
     pub live: bool,
     /// Serve Prometheus metrics on this address (node-wide mode).
-    pub metrics: Option<String>,
+    pub metrics: Option<std::net::SocketAddr>,
     /// Write each incident to its own JSON file here.
     pub incidents_dir: Option<PathBuf>,
     /// An incident closes after this long without a failure on its mount.

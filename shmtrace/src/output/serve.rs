@@ -31,7 +31,7 @@ pub type Render = oneshot::Sender<String>;
 
 /// Binds `addr` and serves it in the background; scrapes arrive on the
 /// returned channel, each to be answered with the rendered metrics.
-pub async fn start(addr: &str) -> Result<mpsc::Receiver<Render>> {
+pub async fn start(addr: &std::net::SocketAddr) -> Result<mpsc::Receiver<Render>> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen for metrics on {addr}"))?;
