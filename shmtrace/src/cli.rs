@@ -152,7 +152,7 @@ impl OutputArgs {
             quiet: self.quiet,
             events_ring: Some(self.events_ring),
             live: self.live,
-            metrics: self.metrics.clone(),
+            metrics: self.metrics,
             incidents_dir: self.incidents_dir.clone(),
             incident_quiet: std::time::Duration::from_secs(self.incident_quiet),
             metrics_labels: self.metrics_labels,

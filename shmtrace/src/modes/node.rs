@@ -27,7 +27,7 @@ async fn scrape(r: Option<&mut mpsc::Receiver<Render>>) -> Option<Render> {
 /// `ns_grace`: seconds a mount namespace stays anchored after its last
 /// process exits (late events there still resolve), then it is let go.
 pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
-    let metrics_addr = outputs.metrics.clone();
+    let metrics_addr = outputs.metrics;
     // Before anything slow: a signal that comes while the programs load
     // must end tracing cleanly, not kill shmtrace without its report.
     let mut sigint = signal(SignalKind::interrupt())?;
