@@ -343,3 +343,64 @@ fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
     assert!(strays.is_empty(), "{strays:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_report_that_cannot_be_written_is_refused_before_the_job_runs() {
+    // A read-only directory: the probe file cannot be created there, so
+    // the job never starts (the marker stays absent).
+    let dir = scratch("ro-report");
+    let marker = dir.join("ran");
+    let o = sh(&format!(
+        "unshare -m --propagation private sh -c 'mkdir -p {d}/ro && mount -t tmpfs -o ro tmpfs {d}/ro && \
+         SHMTRACE run --report {d}/ro/r.json -- touch {m}'",
+        d = dir.display(),
+        m = marker.display()
+    ));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("cannot create report file") && e.contains("r.json"),
+        "{e}"
+    );
+    assert!(
+        !marker.exists(),
+        "the job ran although its report could not be written"
+    );
+    let o = sh(&format!(
+        "unshare -m --propagation private sh -c 'mkdir -p {d}/ro && mount -t tmpfs -o ro tmpfs {d}/ro && \
+         SHMTRACE run --incidents-dir {d}/ro -- touch {m}'",
+        d = dir.display(),
+        m = marker.display()
+    ));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("cannot write incidents to"), "{e}");
+    assert!(
+        !marker.exists(),
+        "the job ran although its incidents could not be written"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_report_that_fails_at_the_end_keeps_the_diagnosis_and_the_job_status() {
+    // The job itself makes the report's directory read-only, then fills a
+    // 1 MiB /dev/shm and exits 3: the summary is still printed, the error
+    // says where the report could not go, and the exit status is the job's.
+    let dir = scratch("late-ro-report");
+    let o = sh(&format!(
+        "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && \
+         mkdir -p {d}/out && mount -t tmpfs -o size=1m tmpfs {d}/out && \
+         SHMTRACE run --report {d}/out/r.json -- sh -c \"mount -o remount,ro {d}/out; \
+         head -c 2000000 /dev/zero > /dev/shm/x; exit 3\"'",
+        d = dir.display()
+    ));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{e}");
+    assert!(e.contains("NOT written"), "{e}");
+    assert!(e.contains("r.json"), "{e}");
+    let all = format!("{}{e}", String::from_utf8_lossy(&o.stdout));
+    assert!(all.contains("first process to fail"), "no diagnosis: {all}");
+    assert!(all.contains("ENOSPC") || all.contains("No space"), "{all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -106,8 +106,10 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         .and_then(|d| d.recommended_shm_bytes)
     else {
         eprintln!("shmtrace verify: no shared-memory failure to fix, nothing to rerun");
-        if let Some(p) = &opts.outputs.report {
-            crate::output::report::write(&first, p)?;
+        if let Some(p) = &opts.outputs.report
+            && let Err(e) = crate::output::report::write(&first, p)
+        {
+            crate::output::report::say_unwritten(p, &e);
         }
         return Ok(code);
     };
@@ -152,7 +154,9 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
                 rerun: &rerun,
             },
         };
-        crate::output::report::write(&v, p)?;
+        if let Err(e) = crate::output::report::write(&v, p) {
+            crate::output::report::say_unwritten(p, &e);
+        }
     }
     Ok(if gone { 0 } else { 1 })
 }

@@ -63,19 +63,20 @@ pub struct Session {
 impl Session {
     pub fn start(outputs: Outputs, all_processes: bool) -> Result<Self> {
         // Open outputs first: a typo in a path should fail before tracing.
-        let events_out = match &outputs.events {
-            Some(p) => Some(BufWriter::new(
-                output::files::create_stream(p)
-                    .with_context(|| format!("cannot create events file {}", p.display()))?,
-            )),
-            None => None,
-        };
         if let Some(p) = &outputs.report {
             output::files::check_target(p)
                 .with_context(|| format!("cannot create report file {}", p.display()))?;
         }
         let incidents = match &outputs.incidents_dir {
             Some(d) => Some(output::incidents::IncidentDir::open(d, all_processes)?),
+            None => None,
+        };
+        // Created last: nothing is left behind when an earlier check fails.
+        let events_out = match &outputs.events {
+            Some(p) => Some(BufWriter::new(
+                output::files::create_stream(p)
+                    .with_context(|| format!("cannot create events file {}", p.display()))?,
+            )),
             None => None,
         };
         let tracer = Tracer::start(all_processes, outputs.events_ring)?;
@@ -226,8 +227,12 @@ impl Session {
     }
 
     /// The metrics page as it stands now.
-    pub fn metrics(&self, keep: output::metrics::LabelSet) -> String {
-        output::metrics::render(&self.state, &self.tracer.counters(), keep)
+    pub fn metrics(
+        &self,
+        keep: output::metrics::LabelSet,
+        format: output::metrics::Format,
+    ) -> String {
+        output::metrics::render(&self.state, &self.tracer.counters(), keep, format)
     }
 
     /// Node-wide: see [`State::release_idle_namespaces_after`].
@@ -283,17 +288,26 @@ impl Session {
             live.finish();
         }
         let report = self.snapshot(mode, command, target_pid, exit);
-        if let Some(p) = &self.outputs.report {
-            output::report::write(&report, p)?;
-        }
+        // A report that cannot be written loses nothing else: the summary
+        // is printed (even with --quiet) and the job's status kept.
+        let written = self
+            .outputs
+            .report
+            .as_ref()
+            .map(|p| (p, output::report::write(&report, p)));
         if let Some(d) = &mut self.incidents {
             d.update(&report.incidents);
         }
-        if !self.outputs.quiet {
+        let failed = matches!(written, Some((_, Err(_))));
+        if !self.outputs.quiet || failed {
             eprint!("{}", summary::render(&report));
-            if let Some(p) = &self.outputs.report {
-                eprintln!("  report         {}", p.display());
+        }
+        match written {
+            Some((p, Ok(()))) if !self.outputs.quiet => {
+                eprintln!("  report         {}", p.display())
             }
+            Some((p, Err(e))) => output::report::say_unwritten(p, &e),
+            _ => {}
         }
         Ok(report)
     }

@@ -66,7 +66,10 @@ pub fn create_stream(path: &Path) -> Result<File> {
 }
 
 /// Fails early (before tracing) if `path` cannot be a report: its
-/// directory is missing, or it is a directory.
+/// directory is missing or cannot take a new file (read-only, full, no
+/// permission: a probe file is created there and removed), or it is a
+/// directory. A job that ran for hours must not lose its diagnosis to a
+/// path that could never have been written.
 pub fn check_target(path: &Path) -> Result<()> {
     let dir = parent(path);
     let md = std::fs::metadata(&dir).with_context(|| {
@@ -86,7 +89,15 @@ pub fn check_target(path: &Path) -> Result<()> {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         bail!("cannot write {}: it is a directory", path.display());
     }
+    // Removed when dropped.
+    create_beside(path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// Fails early if files cannot be created in the directory `dir` (the
+/// incidents directory): a probe file is created there and removed.
+pub fn check_dir(dir: &Path) -> Result<()> {
+    create_beside(&dir.join("probe")).map(drop)
 }
 
 fn open_in_place(path: &Path) -> Result<File> {
@@ -168,6 +179,20 @@ mod tests {
         assert!(check_target(&d.join("missing/r.json")).is_err());
         assert!(check_target(&d).is_err());
         assert!(check_target(&d.join("new.json")).is_ok());
+        assert!(check_dir(&d).is_ok());
+        // A directory that takes no new file is refused up front (as root
+        // a mode does not stop us: a read-only bind mount would; a file
+        // standing where the directory should be does for everyone).
+        let not_dir = d.join("plain");
+        std::fs::write(&not_dir, "").unwrap();
+        assert!(check_target(&not_dir.join("r.json")).is_err());
+        assert!(check_dir(&not_dir).is_err());
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "the probe file is removed");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -45,6 +45,8 @@ impl IncidentDir {
                 dir.display()
             );
         }
+        super::files::check_dir(dir)
+            .with_context(|| format!("cannot write incidents to {}", dir.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             names: BTreeMap::new(),

@@ -12,6 +12,15 @@ pub fn write(r: &impl Serialize, path: &std::path::Path) -> Result<()> {
         .with_context(|| format!("cannot write report {}", path.display()))
 }
 
+/// Says where the report could not go, after the summary: the diagnosis
+/// is on the terminal, the job's status unchanged.
+pub fn say_unwritten(path: &std::path::Path, e: &anyhow::Error) {
+    eprintln!(
+        "shmtrace: error: the report was NOT written to {}: {e:#}\n  the summary above is the whole diagnosis; rerun with --report in a writable place for the evidence",
+        crate::escape::str(&path.display().to_string())
+    );
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
