@@ -57,9 +57,9 @@ pub async fn node_wide(outputs: Outputs, ns_grace: u64) -> Result<i32> {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => break,
-            Some(reply) = scrape(scrapes.as_mut()) => {
-                let body = session.metrics(keep);
-                let _ = reply.send(body);
+            Some(scrape) = scrape(scrapes.as_mut()) => {
+                let body = session.metrics(keep, scrape.format);
+                let _ = scrape.reply.send(body);
             }
             _ = session.step(Duration::from_millis(200)) => {}
         }

@@ -2,7 +2,10 @@
 //! use and peak per mount, bytes held per container, failures and losses.
 //! Labels follow the Prometheus naming guide: no pid as a label. Rendered
 //! with prometheus-client (OpenMetrics text, its escaping) from the state
-//! at the moment of a scrape; `serve` answers the HTTP side.
+//! at the moment of a scrape, then served as the scraper asks: the classic
+//! text format 0.0.4 by default, OpenMetrics when its Accept header names
+//! it. Samples are sorted within each family, so two scrapes list the same
+//! series in the same order. `serve` answers the HTTP side.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -139,8 +142,108 @@ fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
     c.map(|c| st.containers().by_cgroup(&c.cgroup).unwrap_or(c))
 }
 
-/// The metrics as they stand, in the OpenMetrics text format.
-pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
+/// The two exposition formats Prometheus scrapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `text/plain; version=0.0.4`: what every scraper and `promtool check
+    /// metrics` read.
+    Text,
+    /// `application/openmetrics-text; version=1.0.0`.
+    OpenMetrics,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// What a request's Accept header asks for: OpenMetrics only when it
+    /// names it (Prometheus lists it first when it prefers it).
+    pub fn from_accept(accept: Option<&str>) -> Self {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Text,
+        }
+    }
+}
+
+/// The metrics as they stand, in `format`.
+pub fn render(st: &State, counters: &Counters, keep: LabelSet, format: Format) -> String {
+    let om = sorted(&openmetrics(st, counters, keep));
+    match format {
+        Format::OpenMetrics => om,
+        Format::Text => classic(&om),
+    }
+}
+
+/// Sorts the samples of each family (prometheus-client keeps them in hash
+/// order), leaving the `#` lines of each family in front of them.
+fn sorted(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut samples: Vec<&str> = Vec::new();
+    let flush = |out: &mut String, samples: &mut Vec<&str>| {
+        samples.sort_unstable();
+        for l in samples.drain(..) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    };
+    for line in om.lines() {
+        if line.starts_with('#') {
+            flush(&mut out, &mut samples);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            samples.push(line);
+        }
+    }
+    flush(&mut out, &mut samples);
+    out
+}
+
+/// OpenMetrics to the classic text format: a counter family is named by
+/// its samples (`x_total`, with HELP and TYPE under that name), and there
+/// is no `# UNIT` or `# EOF`. Label values are escaped the same way in both.
+fn classic(om: &str) -> String {
+    let mut counters: BTreeSet<&str> = BTreeSet::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            counters.insert(name);
+        }
+    }
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find(|p| line.starts_with(p));
+        match meta {
+            Some(p) => {
+                let rest = &line[p.len()..];
+                let name = rest.split(' ').next().unwrap_or_default();
+                out.push_str(p);
+                out.push_str(name);
+                if counters.contains(name) {
+                    out.push_str("_total");
+                }
+                out.push_str(&rest[name.len()..]);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The metrics as they stand, in the OpenMetrics text format (unsorted).
+fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
     let mut reg = Registry::default();
     let info = Family::<Version, Gauge>::default();
     info.get_or_create(&Version {
@@ -270,7 +373,17 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     );
     let incidents = Family::<Pod, Counter>::default();
     let open = Family::<Pod, Gauge>::default();
+    // Node totals: present from the start at 0, so `increase()` and
+    // alerts see the first incident as a change rather than a new series.
+    let node_incidents: Counter = Counter::default();
+    let node_open: Gauge = Gauge::default();
+    let node_failures: Counter = Counter::default();
+    for f in st.failures().all() {
+        node_failures.inc_by(1 + f.repeats);
+    }
     for i in st.incidents().all() {
+        node_incidents.inc();
+        node_open.inc_by(i64::from(i.is_open()));
         let c = st
             .failures()
             .all()
@@ -283,12 +396,27 @@ pub fn render(st: &State, counters: &Counters, keep: LabelSet) -> String {
     }
     reg.register(
         "shmtrace_incidents",
+        "Incidents on this node (a tmpfs mount that failed)",
+        node_incidents,
+    );
+    reg.register(
+        "shmtrace_incidents_open",
+        "Incidents on this node still open (a failure within --incident-quiet)",
+        node_open,
+    );
+    reg.register(
+        "shmtrace_failures",
+        "Shared-memory failures on this node (repeats included)",
+        node_failures,
+    );
+    reg.register(
+        "shmtrace_pod_incidents",
         "Incidents (a tmpfs mount that failed), by pod or container",
         incidents,
     );
     reg.register(
-        "shmtrace_incidents_open",
-        "Incidents still open (a failure within --incident-quiet)",
+        "shmtrace_pod_incidents_open",
+        "Incidents still open (a failure within --incident-quiet), by pod or container",
         open,
     );
     reg.register(

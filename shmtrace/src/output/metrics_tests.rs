@@ -59,7 +59,7 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
     }
     let mut c = Counters::default();
     c.lost.events_ring = 7;
-    let text = render(&st, &c, LabelSet::default());
+    let text = render(&st, &c, LabelSet::default(), Format::OpenMetrics);
     assert!(text.contains("shmtrace_tmpfs_memory_room_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 50331648"), "{text}");
     assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
     assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
@@ -73,10 +73,86 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
     for m in st2.mount_stats_mut().all_mut() {
         m.mountpoint = Some("/x\"} 1\nshmtrace_fake 2".into());
     }
-    let text = render(&st2, &c, LabelSet::default());
+    let text = render(&st2, &c, LabelSet::default(), Format::Text);
     assert!(
         !text.lines().any(|l| l.starts_with("shmtrace_fake")),
         "{text}"
+    );
+}
+
+#[test]
+fn classic_text_names_counters_by_their_samples_and_node_totals_start_at_zero() {
+    let mut host = Fixture::with_shm(Dev(40), 64 << 20);
+    let st = State::new(0, &mut host);
+    let c = Counters::default();
+    let text = render(&st, &c, LabelSet::default(), Format::Text);
+    for want in [
+        "# HELP shmtrace_events_lost_total Kernel events lost, by stage.",
+        "# TYPE shmtrace_events_lost_total counter",
+        "# TYPE shmtrace_incidents_total counter",
+        "shmtrace_incidents_total 0",
+        "shmtrace_incidents_open 0",
+        "shmtrace_failures_total 0",
+        "shmtrace_events_total 0",
+        "shmtrace_events_lost_total{stage=\"events_ring\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == want), "no `{want}` in:\n{text}");
+    }
+    assert!(
+        !text.contains("# EOF") && !text.contains("# UNIT"),
+        "{text}"
+    );
+    // Every sample belongs to the family its HELP and TYPE named.
+    let mut family = String::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            family = rest.split(' ').next().unwrap().to_string();
+        } else if !l.starts_with('#') {
+            assert!(l.starts_with(&family), "{l} outside {family}");
+        }
+    }
+    let om = render(&st, &c, LabelSet::default(), Format::OpenMetrics);
+    assert!(om.contains("# TYPE shmtrace_events_lost counter") && om.ends_with("# EOF\n"));
+}
+
+#[test]
+fn series_keep_their_order_between_scrapes() {
+    let mut host = Fixture::with_shm(Dev(40), 64 << 20);
+    let st = State::new(0, &mut host);
+    let mut c = Counters::default();
+    c.lost.failures_ring = 2;
+    c.lost.traced_map_full = 1;
+    let first = render(&st, &c, LabelSet::default(), Format::Text);
+    for _ in 0..20 {
+        assert_eq!(render(&st, &c, LabelSet::default(), Format::Text), first);
+    }
+    let lost: Vec<&str> = first
+        .lines()
+        .filter(|l| l.starts_with("shmtrace_events_lost_total{"))
+        .collect();
+    let mut want = lost.clone();
+    want.sort_unstable();
+    assert_eq!(lost, want);
+    assert_eq!(lost.len(), 3);
+}
+
+#[test]
+fn accept_header_picks_the_format() {
+    assert_eq!(Format::from_accept(None), Format::Text);
+    assert_eq!(
+        Format::from_accept(Some("text/plain;version=0.0.4;q=0.9,*/*;q=0.1")),
+        Format::Text
+    );
+    assert_eq!(
+        Format::from_accept(Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        )),
+        Format::OpenMetrics
+    );
+    assert!(
+        Format::Text
+            .content_type()
+            .starts_with("text/plain; version=0.0.4")
     );
 }
 

@@ -24,10 +24,14 @@ pub const MAX_CONNECTIONS: usize = 16;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// For a whole connection, response written included.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(20);
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use super::metrics::Format;
 
 /// A scrape waiting for the event loop to render the metrics.
-pub type Render = oneshot::Sender<String>;
+pub struct Render {
+    /// What the scraper's Accept header asked for.
+    pub format: Format,
+    pub reply: oneshot::Sender<String>,
+}
 
 /// Binds `addr` and serves it in the background; scrapes arrive on the
 /// returned channel, each to be answered with the rendered metrics.
@@ -96,10 +100,15 @@ async fn answer(
     }
     Ok(match req.uri().path() {
         "/metrics" => {
+            let format = Format::from_accept(
+                req.headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok()),
+            );
             let (tx, rx) = oneshot::channel();
-            match renders.send(tx).await {
+            match renders.send(Render { format, reply: tx }).await {
                 Ok(()) => match rx.await {
-                    Ok(body) => reply(StatusCode::OK, OPENMETRICS, body),
+                    Ok(body) => reply(StatusCode::OK, format.content_type(), body),
                     Err(_) => reply(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "text/plain",
