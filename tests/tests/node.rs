@@ -429,3 +429,139 @@ fn its_own_events_file_on_a_full_tmpfs_neither_feeds_back_nor_loses_the_report()
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// GET /metrics with an Accept header: the whole response, head and body.
+fn scrape_with_accept(port: u32, accept: &str) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port as u16)).unwrap();
+    s.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    // Header names are case-insensitive: compare them in lower case.
+    (head.to_ascii_lowercase(), body.to_string())
+}
+
+/// `promtool check metrics` on `body`: its complaints, empty when none.
+fn promtool_check(body: &str) -> String {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus; scripts/setup.sh --test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() && said.trim().is_empty() {
+        String::new()
+    } else {
+        format!("rc {:?}: {said}", out.status.code())
+    }
+}
+
+/// The series of a scrape without their values, in order.
+fn series(body: &str) -> Vec<&str> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
+        .collect()
+}
+
+#[test]
+fn metrics_are_what_prometheus_and_promtool_expect() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("promtool");
+    let report = dir.join("r.json");
+    let port = 22000 + std::process::id() % 1000;
+    let mut cleanup = Cleanup::new(None);
+    // `:PORT`, the usual exporter form: every interface.
+    let mut tracer = start_node_wide(&["--metrics", &format!(":{port}")], &report);
+    cleanup.pids.push(tracer.id());
+
+    // Before anything of ours failed, the node-level series already exist.
+    let before = http_get(port, "/metrics");
+    for name in [
+        "shmtrace_incidents_total ",
+        "shmtrace_incidents_open ",
+        "shmtrace_failures_total ",
+    ] {
+        assert!(
+            before.lines().any(|l| l.starts_with(name)),
+            "{name}missing before any failure:\n{before}"
+        );
+    }
+    assert_eq!(promtool_check(&before), "", "{before}");
+
+    let pid = failing_job();
+    report_until(&report, "the job's failure", |r| {
+        r["failures"]
+            .as_array()
+            .is_some_and(|fs| fs.iter().any(|f| f["pid"].as_u64() == Some(pid)))
+    });
+    // A plain scrape, as `curl` and Prometheus' text parser take it.
+    let (head, body) = scrape_with_accept(port, "*/*");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    assert!(!body.contains("# EOF"), "{body}");
+    assert!(
+        body.contains("# TYPE shmtrace_shm_failures_total counter"),
+        "{body}"
+    );
+    assert!(
+        body.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\""),
+        "{body}"
+    );
+    assert_eq!(promtool_check(&body), "", "{body}");
+    // Asked for the classic format by name: the same.
+    let (head, _) = scrape_with_accept(port, "text/plain;version=0.0.4;q=0.5,*/*;q=0.1");
+    assert!(head.contains("version=0.0.4"), "{head}");
+
+    // Asked for OpenMetrics, as Prometheus does when it prefers it.
+    let (head, om) = scrape_with_accept(
+        port,
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    );
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    assert!(om.contains("# TYPE shmtrace_shm_failures counter"), "{om}");
+
+    // Two scrapes in a row list the same series in the same order (the
+    // job is over, so nothing of ours comes or goes between them; others'
+    // processes on the node may, so compare only our mount's lines).
+    let ours = |b: &str| -> Vec<String> {
+        series(b)
+            .into_iter()
+            .filter(|s| s.starts_with("shmtrace_tmpfs_") || s.starts_with("shmtrace_shm_"))
+            .map(str::to_string)
+            .collect()
+    };
+    let a = ours(&http_get(port, "/metrics"));
+    let b = ours(&http_get(port, "/metrics"));
+    let common: Vec<&String> = a.iter().filter(|s| b.contains(s)).collect();
+    let common_b: Vec<&String> = b.iter().filter(|s| a.contains(s)).collect();
+    assert_eq!(common, common_b, "series order changed between scrapes");
+    assert!(!common.is_empty());
+
+    signal(tracer.id(), libc::SIGINT);
+    assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
