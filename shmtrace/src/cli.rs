@@ -52,62 +52,95 @@ pub struct Cli {
     pub pid: Option<u32>,
 
     #[command(flatten)]
-    pub out: OutputArgs,
+    pub out: TraceArgs,
+
+    #[command(flatten)]
+    pub node: NodeArgs,
 
     #[command(subcommand)]
     pub command: Option<Cmd>,
+
+    /// The top-level options given on the command line (not defaulted): a
+    /// subcommand takes its own, so these are refused with one.
+    #[arg(skip)]
+    pub given: Vec<String>,
 }
 
+impl Cli {
+    /// Parses the process's arguments (usage errors exit 2, as clap's do).
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.given = matches
+            .ids()
+            .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+            .map(|id| id.as_str().to_string())
+            .filter(|id| id != "pid")
+            .collect();
+        cli
+    }
+}
+
+/// Where the results go, in every tracing mode (node-wide, --pid, run, demo).
 #[derive(Args, Debug, Clone)]
-pub struct OutputArgs {
+pub struct TraceArgs {
     /// Write the full report as JSON to FILE (schema 1: first_failure,
-    /// failures, processes, mounts, lost_events...).
-    #[arg(long, value_name = "FILE", global = true)]
+    /// failures, processes, mounts, lost_events...). Checked before tracing
+    /// starts; if it still cannot be written at the end, the summary says so
+    /// and the diagnosis is printed anyway.
+    #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
 
     /// Stream every kernel event to FILE, one JSON object per line.
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
 
     /// Do not print the summary or the live view on stderr.
-    #[arg(short, long, global = true)]
+    #[arg(short, long)]
     pub quiet: bool,
 
     /// Size of the ring buffer for ordinary events (fork, exec, mmap...):
     /// a power of two, at least one page. Failures have a ring of their
     /// own, so a full one loses context, never a failure (losses are counted).
-    #[arg(long, value_name = "SIZE", global = true, default_value = "4M", value_parser = parse_ring)]
+    #[arg(long, value_name = "SIZE", default_value = "4M", value_parser = parse_ring)]
     pub events_ring: u32,
-
-    /// Show the live view with `run` too (it is on for --pid and node-wide):
-    /// mounts with their use, top holders, recent failures, once a second.
-    #[arg(long, global = true)]
-    pub live: bool,
-
-    /// Node-wide: serve Prometheus metrics (and /healthz) on ADDR: :9464
-    /// (every interface), 127.0.0.1:9464, [::]:9464. /dev/shm size, use
-    /// and peak per mount, bytes held per container, failures by reason,
-    /// lost events.
-    #[arg(long, value_name = "ADDR", global = true, value_parser = parse_listen)]
-    pub metrics: Option<std::net::SocketAddr>,
-
-    /// Node-wide: seconds a container's mount namespace (and its /dev/shm)
-    /// stays watched after its last process exits.
-    #[arg(long, value_name = "SECONDS", global = true, default_value_t = 30)]
-    pub ns_grace: u64,
 
     /// Write each incident (a tmpfs mount that failed: its first failing
     /// process, later failures, holders, container or pod, diagnosis) to
     /// its own JSON file in DIR, rewritten while open and final when
     /// closed; the oldest are pruned past 500. Node-wide, one JSON line per
     /// incident opened and closed also goes to stdout, for log collectors.
-    #[arg(long, value_name = "DIR", global = true)]
+    #[arg(long, value_name = "DIR")]
     pub incidents_dir: Option<PathBuf>,
 
     /// Seconds without a failure on a mount after which its incident
     /// closes; a later failure there opens a new one.
-    #[arg(long, value_name = "SECONDS", global = true, default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     pub incident_quiet: u64,
+}
+
+/// Node-wide tracing only: metrics, namespaces, and what the live stream
+/// shows (-o also with --pid).
+#[derive(Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// Node-wide: serve Prometheus metrics (and /healthz) on ADDR: :9464
+    /// (every interface), 127.0.0.1:9464, [::]:9464. Classic text format,
+    /// or OpenMetrics when the scraper asks: /dev/shm size, use and peak
+    /// per mount, bytes held per container, failures by reason, incidents,
+    /// lost events.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen, conflicts_with = "pid")]
+    pub metrics: Option<std::net::SocketAddr>,
+
+    /// Node-wide: seconds a container's mount namespace (and its /dev/shm)
+    /// stays watched after its last process exits.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30,
+        conflicts_with = "pid"
+    )]
+    pub ns_grace: u64,
 
     /// Node-wide: the identity labels metrics carry, a comma-separated
     /// subset of namespace,pod,container (fewer labels, fewer series; the
@@ -115,46 +148,69 @@ pub struct OutputArgs {
     #[arg(
         long,
         value_name = "LABELS",
-        global = true,
-        default_value = "namespace,pod,container"
+        default_value = "namespace,pod,container",
+        conflicts_with = "pid"
     )]
     pub metrics_labels: crate::output::metrics::LabelSet,
 
-    /// Live stream: only pods in this Kubernetes namespace.
-    #[arg(short = 'n', long = "namespace", value_name = "NS", global = true)]
+    /// Node-wide live stream: only pods in this Kubernetes namespace.
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        value_name = "NS",
+        conflicts_with = "pid"
+    )]
     pub k8s_namespace: Option<String>,
 
-    /// Live stream: only this pod (name, or UID).
-    #[arg(short = 'p', long = "podname", value_name = "POD", global = true)]
+    /// Node-wide live stream: only this pod (name, or UID).
+    #[arg(
+        short = 'p',
+        long = "podname",
+        value_name = "POD",
+        conflicts_with = "pid"
+    )]
     pub podname: Option<String>,
 
-    /// Live stream: only this container (Kubernetes or runtime name, or an
-    /// id prefix of at least 12 characters).
+    /// Node-wide live stream: only this container (Kubernetes or runtime
+    /// name, or an id prefix of at least 12 characters).
     #[arg(
         short = 'c',
         long = "containername",
         value_name = "NAME",
-        global = true
+        conflicts_with = "pid"
     )]
     pub containername: Option<String>,
 
     /// Live stream format: `columns` (the live view on stderr) or `json`
     /// (one JSON object per failure on stdout, as it happens).
-    #[arg(short = 'o', long = "output", value_name = "FORMAT", global = true, default_value = "columns", value_parser = ["columns", "json"])]
+    #[arg(short = 'o', long = "output", value_name = "FORMAT", default_value = "columns", value_parser = ["columns", "json"])]
     pub output: String,
 }
 
-impl OutputArgs {
+impl TraceArgs {
     fn outputs(&self) -> Outputs {
         Outputs {
             report: self.report.clone(),
             events: self.events.clone(),
             quiet: self.quiet,
             events_ring: Some(self.events_ring),
-            live: self.live,
-            metrics: self.metrics,
+            live: false,
+            metrics: None,
             incidents_dir: self.incidents_dir.clone(),
             incident_quiet: std::time::Duration::from_secs(self.incident_quiet),
+            metrics_labels: crate::output::metrics::LabelSet::default(),
+            filter: crate::output::filter::Filter::default(),
+            json: false,
+        }
+    }
+}
+
+impl NodeArgs {
+    /// `outputs` with the node-wide options (and the live view) added.
+    fn apply(&self, outputs: Outputs) -> Outputs {
+        Outputs {
+            live: true,
+            metrics: self.metrics,
             metrics_labels: self.metrics_labels,
             filter: crate::output::filter::Filter {
                 namespace: self.k8s_namespace.clone(),
@@ -162,6 +218,7 @@ impl OutputArgs {
                 container: self.containername.clone(),
             },
             json: self.output == "json",
+            ..outputs
         }
     }
 }
@@ -190,13 +247,16 @@ pub enum Cmd {
         #[arg(long)]
         verify: bool,
 
+        /// Show the live view too (it is on for --pid and node-wide):
+        /// mounts with their use, top holders, recent failures, once a second.
+        #[arg(long)]
+        live: bool,
+
+        #[command(flatten)]
+        out: TraceArgs,
+
         /// The command and its arguments (after --).
-        #[arg(
-            required = true,
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            value_name = "CMD"
-        )]
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<String>,
     },
 
@@ -214,6 +274,9 @@ pub enum Cmd {
         /// Size of one batch, MiB.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
         batch_mib: u64,
+
+        #[command(flatten)]
+        out: TraceArgs,
     },
 
     /// What this machine and namespace support: kernel, BTF, tracefs,
@@ -232,49 +295,52 @@ pub enum Cmd {
 }
 
 pub async fn dispatch(cli: Cli) -> Result<i32> {
-    let outputs = cli.out.outputs();
-    let ns_grace = cli.out.ns_grace;
-    match (cli.command, cli.pid) {
-        (Some(_), Some(_)) => {
-            Err(Fail::new(2, "--pid cannot be combined with a subcommand").into())
+    if let (Some(cmd), Some(_)) = (&cli.command, cli.pid) {
+        let name = cmd.name();
+        return Err(Fail::new(
+            2,
+            format!("--pid cannot be combined with a subcommand (`{name}` starts its own job; --pid attaches to a running one)"),
+        )
+        .into());
+    }
+    if let (Some(cmd), Some(first)) = (&cli.command, cli.given.first()) {
+        return Err(Fail::new(2, misplaced(cmd, first)).into());
+    }
+    match cli.command {
+        None => {
+            let outputs = cli.node.apply(cli.out.outputs());
+            match cli.pid {
+                Some(pid) => pid::attach(pid, outputs).await,
+                None => node::node_wide(outputs, cli.node.ns_grace).await,
+            }
         }
-        (None, Some(pid)) => {
-            pid::attach(
-                pid,
-                Outputs {
-                    live: true,
-                    ..outputs
-                },
-            )
-            .await
-        }
-        (
-            Some(Cmd::Run {
-                shm_size,
-                user,
-                verify,
-                command,
-            }),
-            None,
-        ) => {
+        Some(Cmd::Run {
+            shm_size,
+            user,
+            verify,
+            live,
+            out,
+            command,
+        }) => {
             run::run(RunOpts {
                 command,
                 shm_size,
                 user,
-                outputs,
+                outputs: Outputs {
+                    live,
+                    ..out.outputs()
+                },
                 mode: "run",
                 verify,
             })
             .await
         }
-        (
-            Some(Cmd::Demo {
-                workers,
-                shm_size,
-                batch_mib,
-            }),
-            None,
-        ) => {
+        Some(Cmd::Demo {
+            workers,
+            shm_size,
+            batch_mib,
+            out,
+        }) => {
             let exe = std::env::current_exe()?;
             let command = vec![
                 exe.to_string_lossy().into_owned(),
@@ -293,24 +359,55 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 command,
                 shm_size: Some(shm_size),
                 user: Some("root".into()),
-                outputs,
+                outputs: out.outputs(),
                 mode: "demo",
                 verify: false,
             })
             .await
         }
-        (Some(Cmd::DemoWorkload { .. }), None) => unreachable!("handled in main"),
-        (Some(Cmd::Doctor), None) => crate::modes::doctor::doctor().await,
-        (None, None) => {
-            node::node_wide(
-                Outputs {
-                    live: true,
-                    ..outputs
-                },
-                ns_grace,
-            )
-            .await
+        Some(Cmd::DemoWorkload { .. }) => unreachable!("handled in main"),
+        Some(Cmd::Doctor) => crate::modes::doctor::doctor().await,
+    }
+}
+
+/// Why top-level option `id` cannot go with subcommand `cmd`, and where
+/// it goes instead.
+fn misplaced(cmd: &Cmd, id: &str) -> String {
+    use clap::CommandFactory;
+    let flag = Cli::command()
+        .get_arguments()
+        .find(|a| a.get_id() == id)
+        .and_then(|a| a.get_long())
+        .map_or_else(|| id.to_string(), |l| format!("--{l}"));
+    let name = cmd.name();
+    let node_only = NodeArgs::augment_args(clap::Command::new("node"))
+        .get_arguments()
+        .any(|a| a.get_id() == id);
+    if node_only {
+        format!("{flag} is a node-wide option (shmtrace {flag} ...); `{name}` does not take it")
+    } else if cmd.takes_trace_args() {
+        format!("{flag} goes after the subcommand: shmtrace {name} {flag} ...")
+    } else {
+        format!(
+            "`{name}` takes no options ({flag} is for tracing: shmtrace {flag} ... or shmtrace run {flag} ... -- CMD)"
+        )
+    }
+}
+
+impl Cmd {
+    /// The subcommand as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            Cmd::Run { .. } => "run",
+            Cmd::Demo { .. } => "demo",
+            Cmd::Doctor => "doctor",
+            Cmd::DemoWorkload { .. } => "demo-workload",
         }
+    }
+
+    /// Whether it takes --report, --events... of its own.
+    fn takes_trace_args(&self) -> bool {
+        matches!(self, Cmd::Run { .. } | Cmd::Demo { .. })
     }
 }
 
@@ -413,5 +510,77 @@ mod tests {
         // A bad address is a usage error, before anything starts.
         let e = Cli::try_parse_from(["shmtrace", "--metrics", "notanaddr"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+    }
+
+    /// Each mode accepts and lists only its own options.
+    #[test]
+    fn flags_belong_to_their_mode() {
+        use clap::CommandFactory;
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["shmtrace"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv)
+        };
+        for bad in [
+            &["doctor", "--metrics", ":9466"][..],
+            &["run", "-n", "kube-system", "--", "true"],
+            &["run", "--metrics", ":9466", "--", "true"],
+            &["demo", "--ns-grace", "1"],
+            &["--pid", "1", "--metrics", ":9466"],
+            &["--pid", "1", "-c", "trainer"],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?} accepted");
+        }
+        let run = parse(&[
+            "run", "--report", "r.json", "--live", "--", "python", "-u", "x",
+        ])
+        .unwrap();
+        match run.command {
+            Some(Cmd::Run {
+                command, out, live, ..
+            }) => {
+                assert_eq!(command, ["python", "-u", "x"]);
+                assert_eq!(out.report.as_deref(), Some(std::path::Path::new("r.json")));
+                assert!(live);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Top-level options before a subcommand are refused with where they go.
+        let cli = Cli {
+            given: vec!["report".into()],
+            ..parse(&["--report", "r.json", "run", "--", "true"]).unwrap()
+        };
+        let msg = misplaced(cli.command.as_ref().unwrap(), &cli.given[0]);
+        assert!(msg.contains("shmtrace run --report"), "{msg}");
+        let msg = misplaced(&Cmd::Doctor, "metrics");
+        assert!(msg.contains("node-wide option"), "{msg}");
+        let msg = misplaced(&Cmd::Doctor, "k8s_namespace");
+        assert!(msg.contains("--namespace"), "{msg}");
+
+        // --help of each subcommand lists no node-wide option.
+        let mut top = Cli::command();
+        for sub in ["run", "demo", "doctor"] {
+            let help = top
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for node_only in [
+                "--metrics",
+                "--ns-grace",
+                "--namespace",
+                "--podname",
+                "--output",
+            ] {
+                assert!(!help.contains(node_only), "{sub} --help lists {node_only}");
+            }
+        }
+        let doctor = top
+            .find_subcommand_mut("doctor")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(!doctor.contains("--report"), "{doctor}");
     }
 }

@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use shmtrace::{
     Fail,
     cli::{self, Cli, Cmd},
@@ -11,7 +10,7 @@ use shmtrace::{
 };
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     // The demo's workload runs without tracing or a runtime of its own.
     if let Some(Cmd::DemoWorkload { workers, batch_mib }) = &cli.command {
         let w = demo::Workload {

@@ -110,6 +110,39 @@ fn pid_with_a_subcommand_is_refused() {
     );
 }
 
+#[test]
+fn options_of_another_mode_are_usage_errors_not_ignored() {
+    // Each is refused before anything runs (the marker stays absent).
+    let dir = scratch("modes");
+    let marker = dir.join("ran");
+    let m = marker.display();
+    for (args, says) in [
+        (
+            "doctor --metrics :9466".to_string(),
+            "unexpected argument '--metrics'",
+        ),
+        (
+            format!("run -n kube-system -- touch {m}"),
+            "unexpected argument '-n'",
+        ),
+        (
+            format!("--metrics :9466 run -- touch {m}"),
+            "is a node-wide option",
+        ),
+        (
+            format!("--report r.json run -- touch {m}"),
+            "goes after the subcommand",
+        ),
+        ("--pid 1 --ns-grace 5".to_string(), "cannot be used with"),
+    ] {
+        let o = sh(&format!("SHMTRACE {args}"));
+        assert_eq!(o.status.code(), Some(2), "{args}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args}: {}", stderr(&o));
+        assert!(!marker.exists(), "{args} ran the job");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Names of loaded BPF programs (bpftool truncates them to 15 bytes).
 fn loaded_programs() -> Vec<String> {
     let out = Command::new("bpftool")
@@ -240,8 +273,9 @@ fn hostile_names_are_escaped_everywhere() {
 
 #[test]
 fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
-    // Its container args, read by a YAML parser, in front of `doctor`
-    // (which parses every global flag, then checks this machine).
+    // Its container args, read by a YAML parser, run node-wide as the
+    // DaemonSet runs them (every flag is parsed, none ignored): ready on
+    // the probes' /healthz, and the final report written on SIGTERM.
     let manifest = root_dir().join("deploy/daemonset.yaml");
     let args = Command::new("/usr/bin/python3")
         .args(["-c", "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); print('\\n'.join(d['spec']['template']['spec']['containers'][0]['args']))"])
@@ -259,17 +293,36 @@ fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
         .collect();
     assert!(args.iter().any(|a| a == "--metrics"), "{args:?}");
     let dir = scratch("manifest");
+    let port = 23000 + std::process::id() % 1000;
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.replace("/var/lib/shmtrace", &dir.display().to_string()))
+        .map(|a| a.replace("0.0.0.0:9464", &format!("127.0.0.1:{port}")))
         .collect();
     let _lock = bpf_lock(false);
-    let o = Command::new(shmtrace())
+    let mut agent = Command::new(shmtrace())
         .args(&args)
-        .arg("doctor")
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    let mut cleanup = Cleanup::new(None);
+    cleanup.pids.push(agent.id());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(agent.stderr.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.contains("tracing every process"), "{args:?}: {line}");
+    assert_eq!(http_get(port, "/healthz").trim(), "ok");
+    // SAFETY: plain kill(2) of the child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    assert!(agent.wait().unwrap().success());
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["mode"], "node");
+    assert!(dir.join("incidents").is_dir());
     let _ = std::fs::remove_dir_all(dir);
 }
 
