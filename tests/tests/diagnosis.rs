@@ -206,5 +206,12 @@ fn doctor_reports_this_machine() {
         "{text}"
     );
     assert!(text.contains("/dev/shm     tmpfs 64.0 MiB"), "{text}");
-    assert!(text.contains("Docker's and Kubernetes' default"), "{text}");
+    assert!(text.contains("64.0 MiB is Docker's default"), "{text}");
+    // One column for the hooks' verdicts, however long a name.
+    let cols: std::collections::BTreeSet<usize> = text
+        .lines()
+        .filter(|l| l.starts_with("  ") && l.ends_with(" ok"))
+        .map(|l| l.len() - 2)
+        .collect();
+    assert_eq!(cols.len(), 1, "hook verdicts drift:\n{text}");
 }

@@ -84,15 +84,17 @@ pub async fn doctor() -> Result<i32> {
                 s,
                 "hooks        (loaded and attached for real, then released)"
             );
+            // One column for every hook, however long its name.
+            let w = t.hooks.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, err) in &t.hooks {
                 match err {
                     None => {
-                        let _ = writeln!(s, "  {name:<38} ok");
+                        let _ = writeln!(s, "  {name:<w$}  ok");
                     }
                     Some(e) => {
                         let _ = writeln!(
                             s,
-                            "  {name:<38} REFUSED: {}",
+                            "  {name:<w$}  REFUSED: {}",
                             e.lines().next().unwrap_or("")
                         );
                     }
@@ -135,18 +137,17 @@ pub async fn doctor() -> Result<i32> {
                 u.used_bytes as f64 * 100.0 / u.size_bytes.max(1) as f64,
                 human_bytes(u.free_bytes())
             );
-            let advice = if u.size_bytes <= 64 << 20 {
-                format!(
-                    "{} is Docker's and Kubernetes' default: a PyTorch DataLoader needs about \
-                     (num_workers x prefetch_factor + 2) x batch bytes. Raise it (docker run --shm-size, \
-                     or an emptyDir with medium: Memory mounted on /dev/shm), or find the size with \
-                     `shmtrace run --verify -- CMD`.",
-                    human_bytes(u.size_bytes)
-                )
-            } else {
-                "size looks deliberate; `shmtrace run --verify -- CMD` checks it against a real run"
-                    .into()
-            };
+            let me = crate::host::memcg::read(std::path::Path::new("/"), std::process::id());
+            let who = me
+                .as_ref()
+                .map(|m| crate::host::cgroup::parse(&m.path))
+                .unwrap_or_default();
+            let advice = shm_advice(&ShmFacts {
+                size_bytes: u.size_bytes,
+                mem_total_bytes: mem_total(),
+                in_pod: who.pod_uid.is_some(),
+                memcg_limit_bytes: me.and_then(|m| m.limit_bytes),
+            });
             let _ = writeln!(s, "advice       {advice}");
         }
         (Some(m), _) => {
@@ -165,4 +166,157 @@ pub async fn doctor() -> Result<i32> {
     }
     print!("{s}");
     Ok(if problems > 0 { 1 } else { 0 })
+}
+
+/// What the advice on this namespace's /dev/shm rests on.
+struct ShmFacts {
+    size_bytes: u64,
+    mem_total_bytes: Option<u64>,
+    /// The cgroup path names a Kubernetes pod.
+    in_pod: bool,
+    /// This process's memory cgroup limit, if it has one.
+    memcg_limit_bytes: Option<u64>,
+}
+
+/// Docker's `--shm-size` default (65536k) and Podman's (64000k): only these
+/// exact sizes are "the default"; anything else was chosen by someone.
+const DOCKER_DEFAULT: u64 = 65536 << 10;
+const PODMAN_DEFAULT: u64 = 64000 << 10;
+
+const DATALOADER_NEED: &str = "a PyTorch DataLoader needs about \
+     (num_workers x prefetch_factor + 2) x batch bytes";
+
+fn shm_advice(f: &ShmFacts) -> String {
+    let size = human_bytes(f.size_bytes);
+    let raise = if f.in_pod {
+        "mount an emptyDir with medium: Memory and a sizeLimit on /dev/shm"
+    } else {
+        "docker run --shm-size / podman run --shm-size"
+    };
+    let find = "or find the size with `shmtrace run --verify -- CMD`";
+    let default = match f.size_bytes {
+        DOCKER_DEFAULT if f.in_pod => Some(format!(
+            "{size} is the container runtime's default, which a Kubernetes pod gets \
+             unless it mounts an emptyDir on /dev/shm"
+        )),
+        DOCKER_DEFAULT => Some(format!("{size} is Docker's default (--shm-size 65536k)")),
+        PODMAN_DEFAULT => Some(format!("{size} is Podman's default (--shm-size 64000k)")),
+        _ => None,
+    };
+    if let Some(d) = default {
+        return format!("{d}: {DATALOADER_NEED}. Raise it ({raise}), {find}.");
+    }
+    // tmpfs without size= takes half of RAM; a mount that large never says
+    // ENOSPC before memory runs out, so the memory cgroup (or the OOM
+    // killer) is what stops a job.
+    if let Some(mem) = f.mem_total_bytes
+        && f.size_bytes >= mem / 2 - mem / 16
+    {
+        let limit = match f.memcg_limit_bytes {
+            Some(l) => format!(
+                "this memory cgroup's limit ({}): a job that fills /dev/shm past it is OOM-killed, not refused with ENOSPC",
+                human_bytes(l)
+            ),
+            None => "the whole machine's memory: this cgroup has no memory limit, so filling /dev/shm starves the node".into(),
+        };
+        return format!(
+            "unbounded: {size} is sized from this machine's RAM ({}), so the real limit is {limit}. \
+             Cap /dev/shm below the memory the job may use ({raise}), {find}.",
+            human_bytes(mem)
+        );
+    }
+    let over_limit = f.memcg_limit_bytes.filter(|&l| l < f.size_bytes).map(|l| {
+        format!(
+            " It is larger than this memory cgroup's limit ({}): filling it ends in an OOM kill, \
+             not ENOSPC.",
+            human_bytes(l)
+        )
+    });
+    let over_limit = over_limit.unwrap_or_default();
+    if f.size_bytes < 256 << 20 {
+        return format!(
+            "{size} is small for multi-worker data loading: {DATALOADER_NEED}. Raise it ({raise}), {find}.{over_limit}"
+        );
+    }
+    format!(
+        "{size} was set on purpose; `shmtrace run --verify -- CMD` checks it against a real run.{over_limit}"
+    )
+}
+
+/// MemTotal from /proc/meminfo.
+fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb << 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(size: u64) -> ShmFacts {
+        ShmFacts {
+            size_bytes: size,
+            mem_total_bytes: Some(16 << 30),
+            in_pod: false,
+            memcg_limit_bytes: None,
+        }
+    }
+
+    #[test]
+    fn only_the_runtimes_own_sizes_are_called_their_default() {
+        let docker = shm_advice(&facts(65536 << 10));
+        assert!(docker.contains("Docker's default"), "{docker}");
+        assert!(!docker.contains("Kubernetes"), "{docker}");
+        let podman = shm_advice(&facts(64000 << 10));
+        assert!(podman.contains("Podman's default"), "{podman}");
+        let pod = shm_advice(&ShmFacts {
+            in_pod: true,
+            ..facts(65536 << 10)
+        });
+        assert!(pod.contains("Kubernetes pod"), "{pod}");
+        assert!(pod.contains("emptyDir"), "{pod}");
+        for size in [16 << 20, 63 << 20, 100 << 20] {
+            let a = shm_advice(&facts(size));
+            assert!(!a.contains("default"), "{a}");
+            assert!(a.contains("is small"), "{a}");
+        }
+    }
+
+    #[test]
+    fn a_mount_the_size_of_ram_is_unbounded() {
+        // tmpfs' own default: half of RAM.
+        let half = shm_advice(&facts(8 << 30));
+        assert!(half.starts_with("unbounded: 8.0 GiB"), "{half}");
+        assert!(half.contains("whole machine's memory"), "{half}");
+        let limited = shm_advice(&ShmFacts {
+            memcg_limit_bytes: Some(2 << 30),
+            ..facts(16 << 30)
+        });
+        assert!(limited.contains("limit (2.0 GiB)"), "{limited}");
+        assert!(limited.contains("OOM-killed"), "{limited}");
+        assert!(!limited.contains("on purpose"), "{limited}");
+    }
+
+    #[test]
+    fn a_chosen_size_is_checked_against_the_memory_limit() {
+        let a = shm_advice(&facts(1 << 30));
+        assert!(a.contains("on purpose"), "{a}");
+        assert!(!a.contains("OOM"), "{a}");
+        let b = shm_advice(&ShmFacts {
+            memcg_limit_bytes: Some(512 << 20),
+            ..facts(1 << 30)
+        });
+        assert!(
+            b.contains("larger than this memory cgroup's limit (512.0 MiB)"),
+            "{b}"
+        );
+    }
 }
