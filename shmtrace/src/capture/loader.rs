@@ -47,6 +47,15 @@ pub struct Tracer {
     /// they are attached to.
     cuda_ready: bool,
     cuda_attached: std::collections::HashSet<(u64, u64)>,
+    /// Last field, so dropped last: closing it lets the holder that
+    /// [`super::detach::hand_off`] forked exit with the last references.
+    handoff: Option<std::os::fd::OwnedFd>,
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.handoff = super::detach::hand_off();
+    }
 }
 
 impl Tracer {
@@ -199,6 +208,7 @@ impl Tracer {
             hooks,
             cuda_ready,
             cuda_attached: std::collections::HashSet::new(),
+            handoff: None,
         })
     }
 

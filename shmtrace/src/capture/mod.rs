@@ -6,6 +6,7 @@
 pub mod btf;
 pub mod counters;
 pub mod decode;
+mod detach;
 pub mod hooks;
 pub mod loader;
 pub mod offsets;

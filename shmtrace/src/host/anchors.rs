@@ -50,6 +50,7 @@ impl Anchors {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                     let name = b"shmtrace-anchor\0";
                     libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+                    close_all_but(file.as_raw_fd(), ready_w.as_raw_fd());
                     if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
                         libc::_exit(1);
                     }
@@ -93,6 +94,28 @@ impl Anchors {
             reap(pid);
         }
     }
+}
+
+/// Closes every descriptor but `a` and `b` in a freshly forked anchor: it
+/// must not keep shmtrace's eBPF objects (their last close then waits on
+/// the anchor), a listening socket or a caller's pipe alive.
+///
+/// # Safety
+/// Only between fork and _exit: it closes descriptors the rest of the
+/// process may still own.
+unsafe fn close_all_but(a: i32, b: i32) {
+    let (lo, hi) = (a.min(b) as u32, a.max(b) as u32);
+    let close = |from: u32, to: u32| {
+        if from <= to {
+            // SAFETY: close_range(2) on numbers only; async-signal-safe.
+            unsafe { libc::syscall(libc::SYS_close_range, from, to, 0) };
+        }
+    };
+    if lo > 0 {
+        close(0, lo - 1);
+    }
+    close(lo + 1, hi.saturating_sub(1));
+    close(hi + 1, u32::MAX);
 }
 
 fn reap(pid: u32) {
