@@ -242,3 +242,98 @@ fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a child we started.
     unsafe { libc::kill(pid as i32, sig) };
 }
+
+/// The closing summary and `-o json` tell each incident on its own: the
+/// second mount's failure is the first of its own block, never collateral
+/// of the first.
+#[test]
+fn the_closing_summary_and_json_give_one_story_per_incident() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("summary");
+    let report = dir.join("r.json");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = Command::new(shmtrace())
+        .args(["-o", "json", "--report"])
+        .arg(&report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.pids.push(tracer.id());
+    let mut err = BufReader::new(tracer.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("tracing every process"), "{line}");
+    // Drained beside us: the once-a-second lines must not fill the pipe.
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let a = pod("a");
+    report_until(&report, "the first pod's incident", |r| {
+        incident_of(r, a).is_some()
+    });
+    let b = pod("b");
+    report_until(&report, "the second pod's incident", |r| {
+        incident_of(r, b).is_some()
+    });
+    signal(tracer.id(), libc::SIGTERM);
+    let mut out = String::new();
+    tracer
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(tracer.wait().unwrap().success());
+    let summary = stderr.join().unwrap();
+
+    // Blocks as printed: "incident N (...): MOUNT", then its story.
+    let blocks: Vec<&str> = summary.split("\nincident ").skip(1).collect();
+    let block_of = |pid: u64| {
+        blocks
+            .iter()
+            .find(|b| {
+                b.lines()
+                    .any(|l| l.starts_with("  first failure") && l.contains(&format!("pid {pid} ")))
+            })
+            .unwrap_or_else(|| panic!("no incident block for pid {pid}:\n{summary}"))
+    };
+    let (ba, bb) = (block_of(a), block_of(b));
+    for (blk, other, file) in [(ba, b, "a"), (bb, a, "b")] {
+        assert!(
+            blk.lines().next().unwrap().contains("/dev/shm (mount ns "),
+            "the mount as the pod sees it: {blk}"
+        );
+        assert!(blk.contains(&format!("/dev/shm/{file}")), "{blk}");
+        assert!(
+            !blk.contains(&format!("pid {other} ")),
+            "collateral crossed mounts:\n{blk}"
+        );
+        assert!(blk.contains("  diagnosis      [shm:enospc-write]"), "{blk}");
+        assert!(blk.contains("  fix            /dev/shm of 64 MiB"), "{blk}");
+    }
+    // -o json: one incident line each, after the failure lines.
+    let incident_line = |pid: u64| -> Value {
+        out.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|v| v["type"] == "incident" && v["incident"]["first_failure"]["pid"] == pid)
+            .unwrap_or_else(|| panic!("no incident line for {pid}:\n{out}"))
+    };
+    for (pid, other) in [(a, b), (b, a)] {
+        let i = incident_line(pid);
+        let i = &i["incident"];
+        assert_eq!(i["diagnosis"]["recommended_shm_bytes"], 64 << 20, "{i}");
+        assert!(
+            i["failures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f["pid"] != other),
+            "{i}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -288,6 +288,9 @@ impl Session {
             live.finish();
         }
         let report = self.snapshot(mode, command, target_pid, exit);
+        if let Some(live) = &mut self.live {
+            live.incidents(&report.incidents);
+        }
         // A report that cannot be written loses nothing else: the summary
         // is printed (even with --quiet) and the job's status kept.
         let written = self

@@ -115,6 +115,27 @@ impl Live {
         self.filter.matches(named(st, p.container.as_ref()))
     }
 
+    /// -o json, at the end: one line per incident (each failing mount's own
+    /// first failure, collateral, diagnosis and fix), filtered like the
+    /// failures.
+    pub fn incidents(&mut self, incidents: &[crate::analysis::incident::IncidentReport]) {
+        if !self.json {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        for i in incidents
+            .iter()
+            .filter(|i| self.filter.matches(i.container.as_ref()))
+        {
+            if let Ok(line) =
+                serde_json::to_string(&serde_json::json!({"type": "incident", "incident": i}))
+            {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        let _ = out.flush();
+    }
+
     /// Leaves the alternate screen so the summary lands on the normal one.
     pub fn finish(&mut self) {
         if self.tty && self.entered {

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::{
-    analysis::Report,
+    analysis::{Report, diagnosis::Diagnosis},
     signals,
     state::failures::{Failure, FailureKind, UsageSource},
     units::human_bytes,
@@ -13,8 +13,6 @@ const MAX_COLLATERAL: usize = 10;
 
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let procs = |pid: u32| r.facts.processes.iter().find(|p| p.pid == pid);
-    let who = |pid: u32, comm: &str| format!("pid {pid} ({comm})");
 
     let Some(first) = &r.facts.first_failure else {
         let _ = writeln!(
@@ -35,20 +33,92 @@ pub fn render(r: &Report) -> String {
         return s;
     };
 
-    if first.reason.tmpfs_ran_out() {
+    let who = |pid: u32, comm: &str| format!("pid {pid} ({comm})");
+    let ran_out = |f: &Failure| f.reason.tmpfs_ran_out();
+    // Node-wide, each failing mount is its own story: another pod's
+    // failures are never this one's collateral.
+    if r.facts.node && !r.incidents.is_empty() {
+        let n = r.incidents.len();
         let _ = writeln!(
             s,
-            "shmtrace: shared memory ran out; the first process to fail was {}",
-            who(first.pid, &first.comm)
+            "shmtrace: {n} shared-memory incident{}; the first process to fail was {} on {}",
+            if n == 1 { "" } else { "s" },
+            who(first.pid, &first.comm),
+            place(first)
         );
+        for i in &r.incidents {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "incident {} ({}, {} failure{}): {}",
+                i.id,
+                i.state,
+                i.failure_count,
+                if i.failure_count == 1 { "" } else { "s" },
+                place(&i.first_failure)
+            );
+            let rest: Vec<&Failure> = i.failures.iter().collect();
+            let more = (i.failure_count as usize).saturating_sub(1 + rest.len());
+            story(
+                &mut s,
+                r,
+                &i.first_failure,
+                &rest,
+                more,
+                i.diagnosis.as_ref(),
+            );
+        }
     } else {
-        let _ = writeln!(
-            s,
-            "shmtrace: a shared-memory call failed, but not for want of /dev/shm space ({}); the first process to fail was {}",
-            first.reason.name(),
-            who(first.pid, &first.comm)
-        );
+        if ran_out(first) {
+            let _ = writeln!(
+                s,
+                "shmtrace: shared memory ran out; the first process to fail was {}",
+                who(first.pid, &first.comm)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "shmtrace: a shared-memory call failed, but not for want of /dev/shm space ({}); the first process to fail was {}",
+                first.reason.name(),
+                who(first.pid, &first.comm)
+            );
+        }
+        let rest: Vec<&Failure> = r.facts.failures.iter().skip(1).collect();
+        story(&mut s, r, first, &rest, 0, r.diagnosis.as_ref());
     }
+    lost_line(&mut s, r);
+    s
+}
+
+/// "/dev/shm of podman trainer (mount ns 4026532174)": the mount as the
+/// failing process sees it, in its own namespace.
+fn place(f: &Failure) -> String {
+    let mp = f
+        .mount
+        .as_ref()
+        .and_then(|m| m.mountpoint.as_deref())
+        .unwrap_or("(internal shmem)");
+    let whose = f
+        .container
+        .as_ref()
+        .filter(|c| c.container_id.is_some() || c.pod_uid.is_some())
+        .map(|c| format!(" of {}", c.label()))
+        .unwrap_or_default();
+    format!("{mp}{whose} (mount ns {})", f.mnt_ns)
+}
+
+/// One failing story: its first failure with the evidence, the failures
+/// after it (`more` beyond those listed), the diagnosis and the fix.
+fn story(
+    s: &mut String,
+    r: &Report,
+    first: &Failure,
+    rest: &[&Failure],
+    more: usize,
+    diagnosis: Option<&Diagnosis>,
+) {
+    let procs = |pid: u32| r.facts.processes.iter().find(|p| p.pid == pid);
+    let who = |pid: u32, comm: &str| format!("pid {pid} ({comm})");
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -86,7 +156,7 @@ pub fn render(r: &Report) -> String {
                     s,
                     "  mount          {mp} (tmpfs {}, mount ns {}): {} of {} used ({:.0}%), {} free {when}",
                     m.dev,
-                    m.mount_ns,
+                    first.mnt_ns,
                     human_bytes(used),
                     human_bytes(size),
                     used as f64 * 100.0 / size as f64,
@@ -134,7 +204,6 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(s, "  ancestry       {}", chain.join(" <- "));
     }
 
-    let rest: Vec<&Failure> = r.facts.failures.iter().skip(1).collect();
     if !rest.is_empty() {
         let _ = writeln!(s);
         let _ = writeln!(
@@ -152,23 +221,26 @@ pub fn render(r: &Report) -> String {
                 what(f)
             );
         }
-        if rest.len() > MAX_COLLATERAL {
+        if rest.len() + more > MAX_COLLATERAL {
             let _ = writeln!(
                 s,
                 "    ... and {} more (all in the report)",
-                rest.len() - MAX_COLLATERAL
+                rest.len() + more - MAX_COLLATERAL
             );
         }
     }
     let failed_pids: Vec<u32> = {
-        let mut v: Vec<u32> = r.facts.failures.iter().map(|f| f.pid).collect();
+        let mut v: Vec<u32> = std::iter::once(first)
+            .chain(rest.iter().copied())
+            .map(|f| f.pid)
+            .collect();
         v.sort();
         v.dedup();
         v
     };
     // A DataLoader names a worker by pid order; users known to be
     // something else (NCCL, Ray, Python's shared_memory...) do not.
-    let dataloader = r.diagnosis.as_ref().is_none_or(|d| {
+    let dataloader = diagnosis.is_none_or(|d| {
         d.signature.starts_with("pytorch-dataloader") || d.signature.starts_with("shm:")
     });
     if dataloader && failed_pids.len() > 1 && failed_pids[0] != first.pid {
@@ -179,9 +251,7 @@ pub fn render(r: &Report) -> String {
              pid order (PyTorch's DataLoader) names; it failed {} after pid {}.",
             failed_pids[0],
             delay(
-                r.facts
-                    .failures
-                    .iter()
+                rest.iter()
                     .find(|f| f.pid == failed_pids[0])
                     .map(|f| f.delay_ns)
                     .unwrap_or(0)
@@ -189,7 +259,7 @@ pub fn render(r: &Report) -> String {
             first.pid
         );
     }
-    if let Some(d) = &r.diagnosis {
+    if let Some(d) = diagnosis {
         let _ = writeln!(s);
         let _ = writeln!(s, "  diagnosis      [{}] {}", d.signature, d.summary);
         if let Some(m) = &d.framework_message {
@@ -205,15 +275,33 @@ pub fn render(r: &Report) -> String {
                 b >> 20,
                 d.basis.as_deref().unwrap_or("")
             );
-            if let Some(docker) = &d.docker {
-                let _ = writeln!(s, "    docker       {docker}");
+            // The container's own runtime and name, or its pod: then the
+            // other runtimes' spellings are noise.
+            let in_pod = first
+                .container
+                .as_ref()
+                .is_some_and(|c| c.pod_uid.is_some());
+            match &d.runtime_fix {
+                Some(own) => {
+                    let key = if in_pod { "pod" } else { "container" };
+                    let _ = writeln!(s, "    {key:<12} {own}");
+                }
+                None => {
+                    if let Some(docker) = &d.docker {
+                        let _ = writeln!(s, "    docker       {docker}");
+                    }
+                }
             }
             let _ = writeln!(
                 s,
                 "    local        shmtrace run --shm-size {}M --verify -- CMD",
                 b >> 20
             );
-            if let Some(k) = &d.kubernetes {
+            if let Some(k) = d
+                .kubernetes
+                .as_ref()
+                .filter(|_| d.runtime_fix.is_none() || in_pod)
+            {
                 let _ = writeln!(s, "    kubernetes   (pod spec)");
                 for line in k.lines() {
                     let _ = writeln!(s, "                   {line}");
@@ -247,12 +335,7 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "  caveat         {c}");
         }
     }
-    if let Some(f) = r
-        .facts
-        .first_failure
-        .as_ref()
-        .filter(|f| !f.events_before.is_empty())
-    {
+    if let Some(f) = Some(first).filter(|f| !f.events_before.is_empty()) {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
@@ -266,8 +349,6 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "    {e}");
         }
     }
-    lost_line(&mut s, r);
-    s
 }
 
 fn lost_line(s: &mut String, r: &Report) {
@@ -437,5 +518,118 @@ mod tests {
             text.contains("LOST EVENTS    2 (events ring 0, failures ring 2"),
             "losses are shown: {text}"
         );
+    }
+
+    /// Node-wide: two containers' /dev/shm fill 1.5 s apart. Each is its own
+    /// incident with its own first failure, collateral and fix.
+    #[test]
+    fn node_wide_each_incident_is_its_own_story() {
+        use crate::{
+            event::{Dev, Syscall},
+            host::mountinfo::{Mount, Usage},
+            state::tests::{Stream, enospc, file},
+        };
+        let (mut st, mut host, _) = setup();
+        let mut s = Stream::new();
+        let ids = [
+            "1111111111111111111111111111111111111111111111111111111111111111",
+            "2222222222222222222222222222222222222222222222222222222222222222",
+        ];
+        let fail = |st: &mut crate::state::State,
+                    host: &mut crate::host::fixture::Fixture,
+                    s: &mut Stream,
+                    k: usize,
+                    pid: u32| {
+            let (ns, dev) = (4026532100 + k as u32, Dev(80 + k as u32));
+            host.mounts.insert(
+                ns,
+                vec![Mount {
+                    dev,
+                    mountpoint: "/dev/shm".into(),
+                    fstype: "tmpfs".into(),
+                    noexec: false,
+                }],
+            );
+            host.usage.insert(
+                dev,
+                Usage {
+                    size_bytes: 64 << 20,
+                    used_bytes: 64 << 20,
+                    inodes: 100,
+                    inodes_used: 2,
+                },
+            );
+            host.cgroup_ids.insert(
+                500 + k as u64,
+                format!("/machine.slice/libpod-{}.scope", ids[k]),
+            );
+            let mut h = s.h(pid, 1);
+            (h.mnt_ns, h.cgroup_id) = (ns, 500 + k as u64);
+            let seg = crate::event::FileRef {
+                dev,
+                mount: crate::event::MountPages {
+                    dev,
+                    ..file(1, "x", 0, 0, 16384).mount
+                },
+                ..file(7, "batch", 0, 0, 16384)
+            };
+            st.apply(&enospc(h, Syscall::Write, 3, 1 << 20, seg), host);
+        };
+        fail(&mut st, &mut host, &mut s, 0, 200);
+        fail(&mut st, &mut host, &mut s, 0, 201);
+        fail(&mut st, &mut host, &mut s, 1, 300);
+        st.tick(&mut host);
+        let r = Report::build(
+            &st,
+            Context {
+                mode: "node",
+                node: true,
+                command: None,
+                target_pid: None,
+                duration_s: 3.0,
+                counters: Default::default(),
+                host_stalls: Default::default(),
+                exit: None,
+                notes: Vec::new(),
+            },
+        );
+        assert_eq!(r.incidents.len(), 2);
+        let text = super::render(&r);
+        assert!(
+            text.starts_with(
+                "shmtrace: 2 shared-memory incidents; the first process to fail was pid 200"
+            ),
+            "{text}"
+        );
+        let blocks: Vec<&str> = text.split("\nincident ").skip(1).collect();
+        assert_eq!(blocks.len(), 2, "{text}");
+        assert!(
+            blocks[0].contains("/dev/shm of podman 111111111111 (mount ns 4026532100)"),
+            "{text}"
+        );
+        assert!(blocks[0].contains("1 later failure (collateral)"), "{text}");
+        assert!(blocks[0].contains("pid 201"), "{text}");
+        assert!(
+            !blocks[0].contains("pid 300"),
+            "collateral crossed mounts: {text}"
+        );
+        assert!(
+            blocks[1].contains("/dev/shm of podman 222222222222"),
+            "{text}"
+        );
+        assert!(
+            blocks[1].contains("first failure") && blocks[1].contains("pid 300"),
+            "{text}"
+        );
+        assert!(!blocks[1].contains("collateral"), "{text}");
+        for (b, id) in blocks.iter().zip(["111111111111", "222222222222"]) {
+            assert!(
+                b.contains("    container    podman run --shm-size=128m ...")
+                    && b.contains(&format!("(for container {id})"))
+                    && !b.contains("docker run")
+                    && !b.contains("emptyDir"),
+                "the incident's own fix: {text}"
+            );
+        }
     }
 }
