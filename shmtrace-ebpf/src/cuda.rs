@@ -38,11 +38,12 @@ fn returned(ctx: &RetProbeContext, call: u64) -> u32 {
     if code == 0 {
         return 0;
     }
+    let ts = emit::now();
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !emit::is_traced(tgid) {
         return 0;
     }
-    if let Some(mut e) = emit::start_failure(EventKind::CudaIpc, tgid, 0) {
+    if let Some(mut e) = emit::start_failure(EventKind::CudaIpc, tgid, 0, ts) {
         let ev = emit::body(&mut e);
         ev.ret = code as i64;
         ev.args[0] = call;

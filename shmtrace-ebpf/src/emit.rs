@@ -135,8 +135,7 @@ pub fn is_traced(tgid: u32) -> bool {
 /// window); false, counted there and in `lost_idx`, when it has none left.
 #[inline(always)]
 fn spend(map: &LruHashMap<u32, Budget>, tgid: u32, per_window: u32, lost_idx: u32) -> bool {
-    // SAFETY: a helper without arguments or side effects.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now();
     let Some(b) = map.get_ptr_mut(tgid) else {
         let fresh = Budget {
             window_start_ns: now,
@@ -169,25 +168,41 @@ pub fn sent_sigbus_allowed(target: u32) -> bool {
     spend(&SENT_RATE, target, rate::SENT_SIGBUS, lost::SENT_SIGBUS)
 }
 
-/// Reserves a failure record of process `tgid` about tmpfs `dev` (0 when
-/// unknown here). The first failure on a mount always passes, and falls
-/// back to the reserved ring; the others spend the process's budget.
+/// The kernel's monotonic clock. Failure programs read it first thing,
+/// before any map look-up or ring reservation: two workers failing on two
+/// CPUs tens of nanoseconds apart must keep their order, and a look-up or
+/// a reservation under contention takes longer than that.
 #[inline(always)]
-pub fn start_failure(kind: EventKind, tgid: u32, dev: u32) -> Option<RingBufEntry<Event>> {
+pub fn now() -> u64 {
+    // SAFETY: a helper without arguments or side effects.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Reserves a failure record of process `tgid` about tmpfs `dev` (0 when
+/// unknown here), stamped `ts_ns` (read by the caller on entry). The first
+/// failure on a mount always passes, and falls back to the reserved ring;
+/// the others spend the process's budget.
+#[inline(always)]
+pub fn start_failure(
+    kind: EventKind,
+    tgid: u32,
+    dev: u32,
+    ts_ns: u64,
+) -> Option<RingBufEntry<Event>> {
     // SAFETY: only presence is tested; no reference is kept.
     let first = dev != 0 && unsafe { FAILED_MOUNTS.get(dev) }.is_none();
     if first {
         let _ = FAILED_MOUNTS.insert(dev, 1, 0);
-        if let Some(e) = reserve(&FIRSTS, kind) {
+        if let Some(e) = reserve(&FIRSTS, kind, ts_ns) {
             return Some(e);
         }
         count_lost(lost::FIRST);
-        return start(Ring::Failures, kind);
+        return start_at(Ring::Failures, kind, ts_ns);
     }
     if !spend(&FAIL_RATE, tgid, rate::FAILURES, lost::RATE_LIMITED) {
         return None;
     }
-    start(Ring::Failures, kind)
+    start_at(Ring::Failures, kind, ts_ns)
 }
 
 pub enum Ring {
@@ -199,20 +214,27 @@ pub enum Ring {
 /// Counts the loss when the ring is full.
 #[inline(always)]
 pub fn start(ring: Ring, kind: EventKind) -> Option<RingBufEntry<Event>> {
+    start_at(ring, kind, now())
+}
+
+/// `start`, stamped `ts_ns`.
+#[inline(always)]
+fn start_at(ring: Ring, kind: EventKind, ts_ns: u64) -> Option<RingBufEntry<Event>> {
     let (rb, idx) = match ring {
         Ring::Events => (&EVENTS, lost::EVENT),
         Ring::Failures => (&FAILURES, lost::FAILURE),
     };
-    let entry = reserve(rb, kind);
+    let entry = reserve(rb, kind, ts_ns);
     if entry.is_none() {
         count_lost(idx);
     }
     entry
 }
 
-/// Reserves a zeroed, headed event on `rb`; None when it is full.
+/// Reserves a zeroed, headed event on `rb`, stamped `ts_ns`; None when it
+/// is full.
 #[inline(always)]
-fn reserve(rb: &RingBuf, kind: EventKind) -> Option<RingBufEntry<Event>> {
+fn reserve(rb: &RingBuf, kind: EventKind, ts_ns: u64) -> Option<RingBufEntry<Event>> {
     let mut entry = rb.reserve::<Event>(0)?;
     let ev = entry.as_mut_ptr();
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -223,7 +245,7 @@ fn reserve(rb: &RingBuf, kind: EventKind) -> Option<RingBufEntry<Event>> {
         core::ptr::write_bytes(ev, 0, 1);
         let ev = &mut *ev;
         ev.kind = kind as u32;
-        ev.ts_ns = bpf_ktime_get_ns();
+        ev.ts_ns = ts_ns;
         ev.tgid = (pid_tgid >> 32) as u32;
         ev.tid = pid_tgid as u32;
         ev.ppid = kernel::task_ppid(task);

@@ -31,6 +31,7 @@ pub fn signal_generate(ctx: RawTracePointContext) -> u32 {
     if sig as u32 != SIGBUS {
         return 0;
     }
+    let ts = emit::now();
     let task: u64 = ctx.arg(2);
     let tgid = kernel::task_tgid(task);
     if !emit::is_traced(tgid) {
@@ -57,7 +58,7 @@ pub fn signal_generate(ctx: RawTracePointContext) -> u32 {
         emit::start(Ring::Events, EventKind::SignalGenerate)
     } else {
         let dev = kernel::sb_dev(sb);
-        emit::start_failure(EventKind::SignalGenerate, tgid, dev)
+        emit::start_failure(EventKind::SignalGenerate, tgid, dev, ts)
     };
     let Some(mut e) = entry else {
         return 0;
@@ -90,6 +91,7 @@ pub fn signal_deliver(ctx: TracePointContext) -> u32 {
     if sig as u32 != SIGBUS {
         return 0;
     }
+    let ts = emit::now();
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !emit::is_traced(tgid) {
         return 0;
@@ -103,7 +105,7 @@ pub fn signal_deliver(ctx: TracePointContext) -> u32 {
     } else {
         // A fault's delivery: the budget, never the reserve (that is for
         // the fault's own record).
-        emit::start_failure(EventKind::SignalDeliver, tgid, 0)
+        emit::start_failure(EventKind::SignalDeliver, tgid, 0, ts)
     };
     if let Some(mut e) = entry {
         let ev = emit::body(&mut e);

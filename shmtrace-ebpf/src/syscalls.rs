@@ -256,7 +256,12 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         || nr == nr!(splice)
         || nr == nr!(copy_file_range);
     let by_path = nr == nr!(open) || nr == nr!(openat) || nr == nr!(openat2) || nr == nr!(creat);
-    if !(by_fd || by_path || nr == nr!(mremap)) || !emit::is_traced(tgid()) {
+    if !(by_fd || by_path || nr == nr!(mremap)) {
+        return;
+    }
+    // Stamped before the first map look-up (see `emit::now`).
+    let ts = emit::now();
+    if !emit::is_traced(tgid()) {
         return;
     }
     // Opens that find no file are everyday (library and config searches):
@@ -296,7 +301,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     } else {
         0
     };
-    let Some(mut e) = emit::start_failure(EventKind::SyscallFail, tgid(), dev) else {
+    let Some(mut e) = emit::start_failure(EventKind::SyscallFail, tgid(), dev, ts) else {
         return;
     };
     let ev = emit::body(&mut e);

@@ -44,27 +44,22 @@ pub struct Diagnosis {
     /// The fix in the failing container's own runtime: `podman run
     /// --shm-size=...`, `docker run --shm-size=...`, or a pod's Memory
     /// emptyDir (containerd, CRI-O).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime_fix: Option<String>,
     /// The DataLoader settings that would fit the current size instead.
     pub dataloader: Option<String>,
     /// Another library's settings that make it need less /dev/shm (NCCL,
     /// Ray, Python's shared_memory).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub knobs: Option<String>,
     /// Named files on the failing mount that nobody held and whose creator
     /// had exited before the failure (a crashed job's segments): which,
     /// whose, how many bytes, and the command that removes them.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub leftovers: Option<String>,
     /// Files on the failing mount that no traced process made (there before
     /// tracing began, or made by untraced processes), and how to remove
     /// them if nothing uses them.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub strays: Option<String>,
     /// When the failing process's memory cgroup leaves less room than the
     /// mount (or the recommended size): past that, an OOM kill, not ENOSPC.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_limit: Option<String>,
     /// When a bigger /dev/shm may not be the fix: one process that did not
     /// fail held most of the bytes (a consumer keeping every batch alive).

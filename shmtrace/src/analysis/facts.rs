@@ -56,7 +56,6 @@ pub struct ContainerReport {
     pub container_id: Option<String>,
     pub pod_uid: Option<String>,
     pub name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<crate::state::containers::Pod>,
     /// Bytes of tmpfs files held by any of its processes, each file once.
     pub held_bytes: u64,
@@ -74,7 +73,7 @@ pub struct TreeReport {
     pub allocated_bytes: u64,
 }
 
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 /// Counts of what the state's caps let go of.
 #[derive(Clone, Copy, Debug, Default, Serialize)]

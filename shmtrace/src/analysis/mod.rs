@@ -31,6 +31,22 @@ pub struct Report {
     /// The answer: signature, summary, what the framework got wrong, the
     /// /dev/shm size this workload needs. Node-wide: the first incident's.
     pub diagnosis: Option<Diagnosis>,
+    /// `run --verify`: the control rerun at the recommended size (null
+    /// otherwise, and in the rerun's own report).
+    pub verify: Option<Verification>,
+}
+
+/// The control rerun of `run --verify` and what it showed.
+#[derive(Serialize)]
+pub struct Verification {
+    /// The private /dev/shm size the command was rerun with.
+    pub shm_size_bytes: u64,
+    /// Whether the rerun had no shared-memory failure.
+    pub failure_gone: bool,
+    /// The verdict in one sentence.
+    pub verdict: String,
+    /// The rerun's own report.
+    pub rerun: Box<Report>,
 }
 
 impl Report {
@@ -47,6 +63,7 @@ impl Report {
             facts,
             incidents,
             diagnosis,
+            verify: None,
         }
     }
 }

@@ -15,7 +15,6 @@ pub struct Container {
     pub name: Option<String>,
     /// Kubernetes identity, Tetragon's shape: from the cgroup path (uid, id)
     /// and kubelet's /var/log/pods layout or the runtime's labels (names).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<Pod>,
 }
 

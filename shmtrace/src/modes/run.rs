@@ -21,7 +21,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::session::{Outputs, Session};
 use crate::{
     Fail,
-    analysis::{Exit, Report},
+    analysis::{Exit, Report, Verification},
     capture,
 };
 
@@ -99,7 +99,7 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
         report: None,
         ..opts.outputs.clone()
     };
-    let (first, code) = run_once(&opts, opts.shm_size, inner.clone()).await?;
+    let (mut first, code) = run_once(&opts, opts.shm_size, inner.clone()).await?;
     let Some(size) = first
         .diagnosis
         .as_ref()
@@ -145,36 +145,17 @@ pub async fn run(opts: RunOpts) -> Result<i32> {
     };
     eprintln!("shmtrace verify: {verdict}");
     if let Some(p) = &opts.outputs.report {
-        let v = Verified {
-            first: &first,
-            verify: Verify {
-                shm_size_bytes: size,
-                failure_gone: gone,
-                verdict,
-                rerun: &rerun,
-            },
-        };
-        if let Err(e) = crate::output::report::write(&v, p) {
+        first.verify = Some(Verification {
+            shm_size_bytes: size,
+            failure_gone: gone,
+            verdict,
+            rerun: Box::new(rerun),
+        });
+        if let Err(e) = crate::output::report::write(&first, p) {
             crate::output::report::say_unwritten(p, &e);
         }
     }
     Ok(if gone { 0 } else { 1 })
-}
-
-/// The report of a verified run: the first run's, plus the control rerun.
-#[derive(serde::Serialize)]
-struct Verified<'a> {
-    #[serde(flatten)]
-    first: &'a Report,
-    verify: Verify<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct Verify<'a> {
-    shm_size_bytes: u64,
-    failure_gone: bool,
-    verdict: String,
-    rerun: &'a Report,
 }
 
 async fn run_once(

@@ -68,6 +68,25 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
         "{text}"
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
+    // deploy/'s alerting rules name only series this serves.
+    let rules = include_str!("../../../deploy/alerts.rules.yaml");
+    let mut named = 0;
+    for (i, _) in rules.match_indices("shmtrace_") {
+        let name: String = rules[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        if name.ends_with('_') {
+            continue; // prose, not a series
+        }
+        named += 1;
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} "))),
+            "alerts.rules.yaml names {name}, which shmtrace does not serve:\n{text}"
+        );
+    }
+    assert!(named >= 5, "{named}");
     // A hostile mount point cannot forge a line.
     let mut st2 = st;
     for m in st2.mount_stats_mut().all_mut() {

@@ -126,6 +126,15 @@ fn story(
         first.time_s,
         who(first.pid, &first.comm)
     );
+    if let (Some(gap), Some(other)) = (first.tie_ns, first.tie_pid) {
+        let comm = procs(other).map(|p| p.comm.as_str()).unwrap_or("?");
+        let _ = writeln!(
+            s,
+            "  tie            {} and {} failed {gap} ns apart, closer than the kernel's clock can order across CPUs: either may have been first",
+            who(first.pid, &first.comm),
+            who(other, comm)
+        );
+    }
     if let Some(parent) = first.ancestry.first() {
         let _ = writeln!(s, "  parent         {}", who(parent.pid, &parent.comm));
     }
@@ -474,6 +483,78 @@ mod tests {
         analysis::{Context, Report},
         state::tests::{setup, sigbus_stream},
     };
+
+    #[test]
+    fn a_tie_names_both_processes() {
+        use crate::{
+            event::{Addr, Event, MountPages},
+            state::tests::{SHM, file},
+        };
+        let (mut st, mut host, mut s) = setup();
+        let mut map = s.h(11, 10);
+        sigbus_stream(&mut st, &mut host, &mut s);
+        map.ts_ns = s.h(11, 10).ts_ns;
+        st.apply(
+            &Event::Mapped {
+                h: map,
+                addr: Addr(0x7f00_0000_0000),
+                len: 8 << 20,
+                prot: 3,
+                flags: 1,
+                offset: 0,
+                file: file(100, "torch_12_1", 8 << 20, 0, 16000),
+                mountpoint: None,
+            },
+            &mut host,
+        );
+        // Pid 11's SIGBUS, stamped 31 ns after pid 12's on another CPU.
+        let twelve = st.failures().all()[0].ts_ns;
+        let mut h = s.h(11, 10);
+        h.ts_ns = twelve + 31;
+        st.apply(
+            &Event::Sigbus {
+                h,
+                target: 11,
+                target_tid: 11,
+                si_code: 2,
+                si_errno: 0,
+                addr: Addr(0x7f00_0000_2010),
+                mount: Some(MountPages {
+                    dev: SHM,
+                    max_pages: 16384,
+                    used_pages: 16384,
+                }),
+            },
+            &mut host,
+        );
+        let r = Report::build(&st, ctx());
+        let first = r.facts.first_failure.as_ref().unwrap();
+        assert_eq!(
+            (first.pid, first.tie_ns, first.tie_pid),
+            (12, Some(31), Some(11))
+        );
+        let text = super::render(&r);
+        assert!(
+            text.contains(
+                "tie            pid 12 (worker_12) and pid 11 (worker_11) failed 31 ns apart"
+            ),
+            "{text}"
+        );
+    }
+
+    fn ctx() -> Context {
+        Context {
+            mode: "run",
+            node: false,
+            command: None,
+            target_pid: None,
+            duration_s: 1.0,
+            counters: Default::default(),
+            host_stalls: Default::default(),
+            exit: None,
+            notes: Vec::new(),
+        }
+    }
 
     #[test]
     fn the_summary_leads_with_the_first_failure_and_its_evidence() {

@@ -161,7 +161,6 @@ pub struct MountAtFailure {
     /// As the failing process sees it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
     /// Where the host has it, when that differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_mountpoint: Option<String>,
     pub dev: Dev,
     pub mount_ns: u32,
@@ -198,10 +197,15 @@ pub struct Failure {
     pub time_s: f64,
     /// Nanoseconds after the first failure (0 for the first).
     pub delay_ns: u64,
+    /// Another process of the same incident failed less than [`TIE_NS`] from
+    /// this one: closer than the clock can order them across CPUs, so
+    /// either may have been first. The gap, and that process (null when
+    /// no other failure came that close).
+    pub tie_ns: Option<u64>,
+    pub tie_pid: Option<u32>,
     pub pid: u32,
     /// The pid as the process itself sees it (in its container's PID
     /// namespace: what the framework prints in the container's log).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
     pub tid: u32,
     pub ppid: u32,
@@ -217,7 +221,6 @@ pub struct Failure {
     /// As the failing process sees it (`/dev/shm/...` in a container).
     pub path: Option<String>,
     /// The same file from the host, when that differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
     pub dev: Option<Dev>,
     pub ino: Option<u64>,
@@ -240,14 +243,11 @@ pub struct Failure {
     pub fix: Option<String>,
     /// Libraries the failing process mapped that tell who uses the memory
     /// (libtorch, libnccl, libcudart, libcuda, ray), read at the failure.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub libraries: Vec<&'static str>,
     /// For an open that found its segment gone: who removed it, and when.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub removed_by: Option<super::removals::Removal>,
     /// The failing process's memory cgroup at the failure: /dev/shm pages
     /// count against its limit.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub memcg: Option<crate::host::memcg::Memcg>,
     pub mount: Option<MountAtFailure>,
     pub ancestry: Vec<Ancestor>,
@@ -268,16 +268,9 @@ pub struct Failure {
     pub events_before: Vec<String>,
     /// For the first failure on a mount: the largest files there that no
     /// traced process made, how many there were and their bytes.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub strays: Vec<Stray>,
-    #[serde(skip_serializing_if = "is_zero")]
     pub stray_count: u64,
-    #[serde(skip_serializing_if = "is_zero")]
     pub stray_bytes: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 impl Failure {
@@ -315,6 +308,12 @@ pub struct OtherSignal {
     pub count: u64,
     pub last_ts_ns: u64,
 }
+
+/// Two failures of different processes closer than this cannot be ordered
+/// with confidence: each is stamped when its hook runs, and the kernel's
+/// path from the failed allocation to the hook (a page fault's unwinding,
+/// a syscall's return) varies by hundreds of nanoseconds between CPUs.
+pub const TIE_NS: u64 = 1_000;
 
 /// Distinct failures kept; repeats of one only count.
 pub const MAX_FAILURES: usize = 1000;
@@ -454,13 +453,34 @@ impl Failures {
         &self.list
     }
 
-    /// In kernel time order, each with its delay after the first.
+    /// In kernel time order, each with its delay after the first and the
+    /// nearest failure of another process of its incident less than
+    /// [`TIE_NS`] away, if any.
     pub fn ordered(&self) -> Vec<Failure> {
         let mut v = self.list.clone();
-        v.sort_by_key(|f| f.ts_ns);
+        v.sort_by_key(|f| (f.ts_ns, f.pid));
         if let Some(first) = v.first().map(|f| f.ts_ns) {
             for f in &mut v {
                 f.delay_ns = f.ts_ns - first;
+            }
+        }
+        for i in 0..v.len() {
+            let near = |j: usize| {
+                let (a, b) = (&v[i], &v[j]);
+                (a.incident == b.incident && a.pid != b.pid)
+                    .then(|| (a.ts_ns.abs_diff(b.ts_ns), b.pid))
+            };
+            // Sorted by time: only neighbours within the window can tie.
+            let before = (0..i)
+                .rev()
+                .take_while(|&j| v[i].ts_ns - v[j].ts_ns < TIE_NS)
+                .filter_map(near);
+            let after = (i + 1..v.len())
+                .take_while(|&j| v[j].ts_ns - v[i].ts_ns < TIE_NS)
+                .filter_map(near);
+            if let Some((gap, pid)) = before.chain(after).min() {
+                v[i].tie_ns = Some(gap);
+                v[i].tie_pid = Some(pid);
             }
         }
         v
@@ -510,6 +530,36 @@ mod tests {
             Some(99),
             "the first recorded stays"
         );
+    }
+
+    #[test]
+    fn failures_closer_than_the_clock_can_order_are_a_tie() {
+        let mut fs = Failures::default();
+        let f = |ts, pid, incident| {
+            let mut f = Failure::new(FailureKind::Sigbus, ts, pid, pid);
+            f.incident = incident;
+            f
+        };
+        // Two workers 31 ns apart on one mount; a third 2 us later; a
+        // process of another incident 10 ns after the first.
+        fs.recorded(f(1_031, 12, 1));
+        fs.recorded(f(1_000, 11, 1));
+        fs.recorded(f(3_100, 13, 1));
+        fs.recorded(f(1_010, 99, 2));
+        let v = fs.ordered();
+        let by = |pid| v.iter().find(|f| f.pid == pid).unwrap();
+        assert_eq!(v[0].pid, 11, "still ordered by the clock");
+        assert_eq!((by(11).tie_ns, by(11).tie_pid), (Some(31), Some(12)));
+        assert_eq!((by(12).tie_ns, by(12).tie_pid), (Some(31), Some(11)));
+        assert_eq!((by(13).tie_ns, by(13).tie_pid), (None, None));
+        assert_eq!(by(99).tie_ns, None, "another incident's failure is no tie");
+        // The same process twice is no tie either.
+        let mut fs = Failures::default();
+        let mut a = f(1_000, 11, 1);
+        a.kind = FailureKind::Enospc;
+        fs.recorded(a);
+        fs.recorded(f(1_005, 11, 1));
+        assert!(fs.ordered().iter().all(|f| f.tie_ns.is_none()));
     }
 
     #[test]

@@ -14,7 +14,6 @@ pub struct MountStat {
     /// As its users see it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
     /// Where the host has it, when that differs.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_mountpoint: Option<String>,
     pub dev: Dev,
     pub mount_ns: u32,
@@ -32,7 +31,6 @@ pub struct MountStat {
     /// Set when the mount is larger than what a writer's memory cgroup
     /// leaves for shared memory: it can never fill; the cgroup's OOM killer
     /// strikes first (checked once a second, before any failure).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_headroom: Option<String>,
     /// The facts of that warning (worded into `memory_headroom` by
     /// analysis).
@@ -40,7 +38,6 @@ pub struct MountStat {
     pub headroom: Option<super::headroom::Headroom>,
     /// What its writers' memory cgroup leaves for shared memory (the limit
     /// less the rest of its use), when one has a limit.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_room_bytes: Option<u64>,
 }
 

@@ -14,7 +14,6 @@ use crate::{
 pub struct Proc {
     pub pid: u32,
     /// The pid in its own PID namespace, when that differs (a container).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<u32>,
     pub ppid: u32,
     pub comm: String,

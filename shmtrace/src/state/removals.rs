@@ -21,7 +21,6 @@ pub struct Removal {
     /// The path as the remover passed it (escaped).
     pub path: String,
     /// The remover's container (runtime:id), when it was in one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
 }
 
