@@ -50,7 +50,7 @@ if [[ $want_test -eq 1 ]]; then
     # python3-torch: Debian's PyTorch 1.13 (SIGBUS path).
     apt_install bpftool tmux python3-torch python3-venv
     # promtool (Debian's prometheus): metrics format and alerting-rule tests.
-    apt_install prometheus
+    apt_install prometheus python3-yaml
     # A real container runtime (runc: crun refuses hybrid cgroup layouts).
     apt_install podman runc conmon
     # PyPI's PyTorch (posix_fallocate ENOSPC path), kept outside the checkout.
