@@ -85,7 +85,7 @@ impl Cli {
 /// Where the results go, in every tracing mode (node-wide, --pid, run, demo).
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
-    /// Write the full report as JSON to FILE (schema 1: first_failure,
+    /// Write the full report as JSON to FILE (schema 2, schema/report.v2.schema.json: first_failure,
     /// failures, processes, mounts, lost_events...). Checked before tracing
     /// starts; if it still cannot be written at the end, the summary says so
     /// and the diagnosis is printed anyway.

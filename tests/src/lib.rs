@@ -14,6 +14,57 @@ use std::{
 
 use serde_json::Value;
 
+/// `text` parsed as JSON and validated against schema/`schema` (the
+/// committed JSON Schema of the report or the incident file): every
+/// report the suite reads is checked, not only the golden ones.
+fn validated(text: &str, schema: &str) -> Value {
+    static VALIDATORS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, &'static jsonschema::Validator>>,
+    > = std::sync::OnceLock::new();
+    let v: Value = serde_json::from_str(text).expect("report is JSON");
+    let validator = *VALIDATORS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(schema.to_string())
+        .or_insert_with(|| {
+            let path = root_dir().join("schema").join(schema);
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            Box::leak(Box::new(
+                jsonschema::validator_for(&s).expect("a valid schema"),
+            ))
+        });
+    let errors: Vec<String> = validator
+        .iter_errors(&v)
+        .take(10)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "the JSON does not follow schema/{schema}: {errors:#?}"
+    );
+    v
+}
+
+/// A report (`--report FILE`) as written, checked against its schema.
+pub fn read_report(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no report at {}: {e}", path.display()));
+    report_json(&text)
+}
+
+/// A report's text, parsed and checked against its schema.
+pub fn report_json(text: &str) -> Value {
+    validated(text, "report.v2.schema.json")
+}
+
+/// An incident file (`--incidents-dir DIR`), checked against its schema.
+pub fn read_incident(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no incident at {}: {e}", path.display()));
+    validated(&text, "incident.v2.schema.json")
+}
+
 pub fn root_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -178,7 +229,7 @@ pub fn run_traced(extra: &[&str], cmd: &[String]) -> Traced {
             String::from_utf8_lossy(&output.stderr)
         )
     });
-    let report: Value = serde_json::from_str(&text).expect("report is JSON");
+    let report = report_json(&text);
     let events = std::fs::read_to_string(&events)
         .unwrap_or_default()
         .lines()
@@ -316,7 +367,7 @@ pub fn report_until(path: &Path, what: &str, mut ok: impl FnMut(&Value) -> bool)
             && let Ok(v) = serde_json::from_str::<Value>(&text)
             && ok(&v)
         {
-            return v;
+            return report_json(&text);
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),

@@ -98,8 +98,7 @@ fn pid_catches_a_failure_in_a_child_forked_after_attach() {
         seen.push('\n');
     }
     assert!(status.success(), "{seen}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value = read_report(&report);
     let f = &r["first_failure"];
     assert_eq!(f["pid"].as_u64(), Some(child), "{seen}");
     assert_eq!(f["ppid"].as_u64(), Some(pid as u64));

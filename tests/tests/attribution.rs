@@ -175,7 +175,7 @@ fn three_holders_match_st_blocks_and_statfs_while_running_and_at_the_end() {
     std::fs::write(&finish, "").unwrap();
     assert!(job.wait().unwrap().success());
     // At the end: everything was released; the peaks kept what was held.
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     let p1 = proc_of(&r, truth["p1"].as_u64().unwrap());
     near(
         &p1["peak_held_bytes"],

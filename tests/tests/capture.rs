@@ -68,7 +68,7 @@ fn ordered(mode: &str) -> (Traced, Vec<u64>, Vec<u64>) {
     // The mount at the moment of the first failure.
     assert_eq!(first["mount"]["mountpoint"].as_str(), Some("/dev/shm"));
     assert_eq!(first["mount"]["size_bytes"].as_u64(), Some(8 << 20));
-    assert_eq!(t.report["schema"].as_u64(), Some(1));
+    assert_eq!(t.report["schema"].as_u64(), Some(2));
     assert_eq!(t.report["lost_events"].as_u64(), Some(0));
     (t, pids, order)
 }

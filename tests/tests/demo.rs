@@ -29,8 +29,7 @@ fn demo_reproduces_and_names_the_first_failing_worker() {
         .and_then(|s| s.split(')').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("the trainer's message:\n{stdout}"));
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value = read_report(&report);
     let f = &r["first_failure"];
     assert_eq!(f["kind"], "sigbus");
     assert!(

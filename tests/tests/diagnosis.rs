@@ -24,7 +24,7 @@ fn run_sized(size: &str, verify: bool, cmd: &[String]) -> (std::process::Output,
     let text = std::fs::read_to_string(&report)
         .unwrap_or_else(|_| panic!("no report: {}", String::from_utf8_lossy(&out.stderr)));
     let _ = std::fs::remove_dir_all(dir);
-    (out, serde_json::from_str(&text).unwrap())
+    (out, report_json(&text))
 }
 
 fn steady(python: &str, args: &str) -> Vec<String> {

@@ -235,7 +235,7 @@ fn nothing_stays_attached_after_exit_or_ctrl_c() {
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
     let st = tracer.wait().unwrap();
     assert!(st.success());
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     assert_eq!(r["target_pid"].as_u64(), Some(job.id() as u64));
     none_of_ours_left().expect("left loaded after Ctrl-C");
     let _ = job.kill();
@@ -319,8 +319,7 @@ fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
     // SAFETY: plain kill(2) of the child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     assert!(agent.wait().unwrap().success());
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let r: Value = read_report(&dir.join("report.json"));
     assert_eq!(r["mode"], "node");
     assert!(dir.join("incidents").is_dir());
     let _ = std::fs::remove_dir_all(dir);
@@ -356,7 +355,7 @@ fn reports_never_follow_a_planted_name_and_devices_are_written_in_place() {
     );
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     assert_eq!(r["mode"], "run");
 
     let events = dir.join("e.jsonl");

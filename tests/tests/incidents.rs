@@ -99,10 +99,7 @@ fn two_pods_filling_their_dev_shm_one_after_the_other_are_two_incidents() {
     files.sort();
     let ours: Vec<Value> = files
         .iter()
-        .map(|f| {
-            serde_json::from_str::<Value>(&std::fs::read_to_string(incidents.join(f)).unwrap())
-                .unwrap()
-        })
+        .map(|f| read_incident(&incidents.join(f)))
         .filter(|i| [a, b].contains(&i["first_failure"]["pid"].as_u64().unwrap()))
         .collect();
     assert_eq!(ours.len(), 2, "{files:?}");

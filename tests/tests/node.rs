@@ -141,7 +141,7 @@ fn sighup_and_sigterm_end_with_the_final_report() {
         std::fs::remove_file(&report).unwrap();
         signal(tracer.id(), sig);
         assert!(tracer.wait().unwrap().success(), "signal {sig}");
-        let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let r: Value = read_report(&report);
         assert_eq!(r["mode"], "node");
         assert!(
             r["failures"]
@@ -230,7 +230,7 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
     assert!(tracer.wait().unwrap().success());
     let _ = long.kill();
     let _ = long.wait();
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     let procs = r["processes"].as_array().unwrap();
     // The churn's children exec'd /proc/self/exe: comm "exe" (other
     // programs re-exec'ing themselves may run on the node meanwhile).
@@ -365,7 +365,7 @@ fn in_a_pid_namespace_of_its_own_it_says_what_it_cannot_see() {
         stderr.contains("PID namespace of its own") && stderr.contains("hostPID: true"),
         "{stderr}"
     );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     assert!(
         r["notes"]
             .as_array()
@@ -411,7 +411,7 @@ fn its_own_events_file_on_a_full_tmpfs_neither_feeds_back_nor_loses_the_report()
     let out = tracer.wait_with_output().unwrap();
     let _ = Command::new("umount").arg("-l").arg(&tiny).status();
     assert!(out.status.success());
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: Value = read_report(&report);
     let fs = r["failures"].as_array().unwrap();
     assert!(
         fs.iter().all(|f| f["pid"].as_u64() != Some(me)),

@@ -4,7 +4,6 @@
 
 use std::process::Command;
 
-use serde_json::Value;
 use shmtrace_tests::*;
 
 #[test]
@@ -27,10 +26,7 @@ fn files_made_before_tracing_began_are_listed_at_the_failure() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let r: Value = serde_json::from_str(
-        &std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {stderr}")),
-    )
-    .unwrap();
+    let r = read_report(&report);
     let _ = std::fs::remove_dir_all(&dir);
     let f = &r["first_failure"];
     assert_eq!(f["path"], "/dev/shm/job", "{stderr}");

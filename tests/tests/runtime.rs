@@ -233,8 +233,7 @@ fn a_podman_container_filling_its_default_dev_shm_is_an_incident_named_by_the_ru
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .find(|n| n.contains(&name))
         .expect("an incident file named after the container");
-    let saved: Value =
-        serde_json::from_str(&std::fs::read_to_string(incidents.join(&file)).unwrap()).unwrap();
+    let saved: Value = read_incident(&incidents.join(&file));
     assert_eq!(saved["container"]["container_id"], id);
     // Metrics: the container's /dev/shm by name, no pid label.
     let metrics = http_get(port, "/metrics");

@@ -22,6 +22,7 @@ use crate::units::MIB;
 const ROUND: u64 = 64 * MIB;
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Diagnosis {
     /// Stable identifier, "<user>:<what>": the user is pytorch-dataloader,
     /// python-shared-memory, nccl, ray-object-store, posix-semaphore or shm
@@ -29,6 +30,7 @@ pub struct Diagnosis {
     /// or, when /dev/shm did not run out, the cause ("shm:noexec"); an OOM
     /// kill is "memcg:oom-kill".
     pub signature: String,
+    /// The framework or library whose failure this is (PyTorch, NCCL, Ray...), when one is recognised.
     pub framework: Option<String>,
     /// The diagnosis in one paragraph.
     pub summary: String,
@@ -36,10 +38,13 @@ pub struct Diagnosis {
     pub framework_message: Option<String>,
     /// Where the framework's message misleads, if it does.
     pub framework_misleads: Option<String>,
+    /// The /dev/shm size this workload needs, when /dev/shm running out is the cause.
     pub recommended_shm_bytes: Option<u64>,
     /// How the size was computed, headroom included.
     pub basis: Option<String>,
+    /// The fix as a docker run flag.
     pub docker: Option<String>,
+    /// The fix as a pod spec snippet (a Memory emptyDir at /dev/shm with a sizeLimit).
     pub kubernetes: Option<String>,
     /// The fix in the failing container's own runtime: `podman run
     /// --shm-size=...`, `docker run --shm-size=...`, or a pod's Memory

@@ -20,6 +20,7 @@ use crate::{
 
 /// A tmpfs mount: its use now and at its peak, and at the first failure on it.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct MountReport {
     #[serde(flatten)]
     pub stat: MountStat,
@@ -35,12 +36,17 @@ pub const MAX_LEFTOVERS: usize = 100;
 
 /// A file left behind on a tmpfs mount.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Leftover {
     /// Its name (escaped).
     pub name: Option<String>,
+    /// Its inode number.
     pub ino: u64,
+    /// Its allocated bytes.
     pub bytes: u64,
+    /// The process that created it.
     pub creator_pid: u32,
+    /// That process's name.
     pub creator_comm: String,
     /// The creator's container (runtime name, else id), if any.
     pub creator_container: Option<String>,
@@ -50,26 +56,39 @@ pub struct Leftover {
 
 /// A container (or the host's cgroup) and the bytes its processes hold.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct ContainerReport {
+    /// The cgroup path its processes are in.
     pub cgroup: String,
+    /// The container runtime (podman, docker, containerd, cri-o), when known.
     pub runtime: Option<String>,
+    /// The runtime's 64-hex container id, when known.
     pub container_id: Option<String>,
+    /// The Kubernetes pod UID, from the cgroup path, when in a pod.
     pub pod_uid: Option<String>,
+    /// The container's name, when the runtime or kubelet told it.
     pub name: Option<String>,
     pub pod: Option<crate::state::containers::Pod>,
     /// Bytes of tmpfs files held by any of its processes, each file once.
     pub held_bytes: u64,
+    /// Bytes of tmpfs pages its processes allocated that are still live.
     pub allocated_bytes: u64,
+    /// Its traced processes.
     pub pids: Vec<u32>,
 }
 
 /// A process tree shmtrace was asked to trace, totalled without counting a
 /// shared file twice.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct TreeReport {
+    /// The pid shmtrace was asked to trace.
     pub root: u32,
+    /// It and every descendant seen.
     pub pids: Vec<u32>,
+    /// Bytes of tmpfs files the tree holds, each file once.
     pub held_bytes: u64,
+    /// Bytes of tmpfs pages the tree allocated that are still live.
     pub allocated_bytes: u64,
 }
 
@@ -77,6 +96,7 @@ pub const SCHEMA: u32 = 2;
 
 /// Counts of what the state's caps let go of.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Dropped {
     /// Exited processes no failure named, beyond the most recent 2,048.
     pub exited_processes: u64,
@@ -89,29 +109,43 @@ pub struct Dropped {
 }
 
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Exit {
+    /// The exit code, when it exited.
     pub code: Option<i32>,
+    /// The signal that killed it, when one did.
     pub signal: Option<i32>,
     /// What shmtrace itself exits with: code, or 128 + signal.
     pub status: i32,
 }
 
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Facts {
+    /// The report format's version: 2 (schema/report.v2.schema.json).
     pub schema: u32,
+    /// The shmtrace version that wrote it.
     pub version: &'static str,
     /// "run", "pid" or "demo".
     pub mode: &'static str,
     #[serde(skip)]
     pub node: bool,
+    /// `run`: the command and its arguments (null otherwise).
     pub command: Option<Vec<String>>,
+    /// `--pid`: the traced process (null otherwise).
     pub target_pid: Option<u32>,
+    /// Seconds from the start of tracing to this report.
     pub duration_s: f64,
     pub first_failure: Option<Failure>,
+    /// Every distinct shared-memory failure, in kernel time order (repeats counted on the first).
     pub failures: Vec<Failure>,
+    /// Every process traced (the exited ones kept within a bound), with what it allocated and held.
     pub processes: Vec<Proc>,
+    /// Every tmpfs mount that held tracked files, failed, or is some traced namespace's /dev/shm.
     pub mounts: Vec<MountReport>,
+    /// Containers (and pods) of the traced processes, with the bytes they hold.
     pub containers: Vec<ContainerReport>,
+    /// The process trees shmtrace was asked to trace (`run`, `--pid`).
     pub trees: Vec<TreeReport>,
     /// tmpfs files shmtrace tracked, named or unlinked, with their holders.
     pub files: Vec<FileState>,
@@ -119,6 +153,7 @@ pub struct Facts {
     pub segments: Segments,
     /// SIGBUS signals that were not shared-memory failures, and why.
     pub other_sigbus: Vec<OtherSignal>,
+    /// Kernel events lost, all stages together (see `lost`).
     pub lost_events: u64,
     pub lost: Losses,
     /// Records the kernel side held back on purpose (a process over its
@@ -130,9 +165,12 @@ pub struct Facts {
     /// What the bounded state let go of: nothing grows without bound, and
     /// nothing goes uncounted.
     pub dropped: Dropped,
+    /// Kernel events received and applied.
     pub events_received: u64,
+    /// Events received, by kind (fork, exec, open, mmap, sigbus...).
     pub events_by_kind: BTreeMap<String, u64>,
     pub exit: Option<Exit>,
+    /// Remarks on the run itself (a hook the kernel refused, a traced pid that exited).
     pub notes: Vec<String>,
 }
 

@@ -19,16 +19,21 @@ use crate::state::{
 const MAX_LISTED: usize = 50;
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct IncidentReport {
+    /// The incident's number, from 1, in the order incidents opened.
     pub id: u64,
     /// "open" until `--incident-quiet` passed without a failure, then "closed".
     pub state: &'static str,
     /// Seconds since shmtrace started: first failure, last failure, closing.
     pub opened_s: f64,
+    /// When its last failure happened, in seconds since tracing began.
     pub last_failure_s: f64,
+    /// When it closed, in seconds since tracing began (null while open).
     pub closed_s: Option<f64>,
     /// The mount as it stood at the incident's first failure.
     pub mount: Option<MountAtFailure>,
+    /// The mount namespace of its first failing process.
     pub mount_ns: u32,
     pub container: Option<Container>,
     pub first_failure: Failure,

@@ -23,6 +23,7 @@ use crate::state::State;
 
 /// The facts and the diagnosis drawn from them.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Report {
     #[serde(flatten)]
     pub facts: Facts,
@@ -38,6 +39,7 @@ pub struct Report {
 
 /// The control rerun of `run --verify` and what it showed.
 #[derive(Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Verification {
     /// The private /dev/shm size the command was rerun with.
     pub shm_size_bytes: u64,

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 /// Records lost: the picture may be incomplete.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Losses {
     /// Ordinary events dropped because their ring buffer was full.
     pub events_ring: u64,
@@ -27,7 +28,9 @@ impl Losses {
 
 /// One process held back by its budget.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct SuppressedBy {
+    /// The process held back.
     pub pid: u32,
     /// Failure records over its budget (the first on each mount never is).
     pub failure_records: u64,
@@ -37,8 +40,11 @@ pub struct SuppressedBy {
 
 /// Records held back on purpose so one process cannot drown the others.
 #[derive(Clone, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Suppressed {
+    /// Failure records over a process's budget, not sent (each still counted in the kernel).
     pub failure_records: u64,
+    /// SIGBUS sent by processes (kill, raise) over the target's budget, not sent.
     pub sent_sigbus: u64,
     /// The processes held back most, at most [`Suppressed::TOP`].
     pub by_process: Vec<SuppressedBy>,

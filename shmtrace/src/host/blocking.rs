@@ -27,6 +27,7 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// How often reads of the machine stalled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Stalls {
     /// Reads that took longer than the timeout (their answer was dropped).
     pub timed_out: u64,

@@ -4,11 +4,15 @@
 use serde::Serialize;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Container {
+    /// The cgroup path (v2, or the v1 memory hierarchy's).
     pub cgroup: String,
     /// containerd, cri-o, docker, podman; None outside a container.
     pub runtime: Option<String>,
+    /// The runtime's 64-hex container id, when the path has one.
     pub container_id: Option<String>,
+    /// The Kubernetes pod UID (dashes), when the path has one.
     pub pod_uid: Option<String>,
     /// The container's name as its runtime shows it (Docker, Podman), or
     /// Kubernetes' container name.
@@ -19,16 +23,23 @@ pub struct Container {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Pod {
+    /// The pod's Kubernetes namespace.
     pub namespace: String,
+    /// The pod's name.
     pub name: String,
+    /// The pod's UID.
     pub uid: String,
     pub container: PodContainer,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct PodContainer {
+    /// The container id.
     pub id: Option<String>,
+    /// The container's name in the pod spec.
     pub name: Option<String>,
 }
 

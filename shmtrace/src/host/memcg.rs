@@ -11,6 +11,7 @@ use crate::escape;
 
 /// A memory cgroup as it stood when read (at a failure).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Memcg {
     /// The cgroup's path in its hierarchy (escaped).
     pub path: String,
@@ -18,6 +19,7 @@ pub struct Memcg {
     pub version: u8,
     /// Bytes; None when unlimited.
     pub limit_bytes: Option<u64>,
+    /// Its usage at the read (memory.current, or memory.usage_in_bytes on v1).
     pub usage_bytes: u64,
     /// Of the usage, shmem/tmpfs pages (memory.stat `shmem`).
     pub shmem_bytes: Option<u64>,

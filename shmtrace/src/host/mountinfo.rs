@@ -71,6 +71,7 @@ fn unescape_octal(s: &str) -> String {
 
 /// Size and use of a mount, in bytes.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Usage {
     pub size_bytes: u64,
     pub used_bytes: u64,

@@ -9,5 +9,7 @@ pub mod incidents;
 pub mod live;
 pub mod metrics;
 pub mod report;
+#[cfg(test)]
+mod schema_tests;
 pub mod serve;
 pub mod summary;

@@ -94,9 +94,11 @@ impl Reason {
 
 /// A limit a failure ran into, with its value when known.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Limit {
     /// "RLIMIT_AS", "vm.max_map_count", "memory.max", ...
     pub name: &'static str,
+    /// Its value, in the unit its name says (bytes, mappings, fds).
     pub value: Option<u64>,
     /// How much of it was in use (address space, mappings, fds, memory).
     pub used: Option<u64>,

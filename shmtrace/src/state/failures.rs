@@ -115,6 +115,7 @@ impl Serialize for Op {
 
 /// Where a mount's use at a failure came from (JSON `source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum UsageSource {
     /// The superblock's counters, read in the kernel at the event.
@@ -157,17 +158,24 @@ impl Serialize for NotShm {
 
 /// A tmpfs mount as it stood when a failure happened.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct MountAtFailure {
     /// As the failing process sees it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
     /// Where the host has it, when that differs.
     pub host_mountpoint: Option<String>,
     pub dev: Dev,
+    /// The mount namespace it was seen from.
     pub mount_ns: u32,
+    /// Its size (size= of the tmpfs).
     pub size_bytes: Option<u64>,
+    /// Bytes in use at the failure.
     pub used_bytes: Option<u64>,
+    /// Bytes free at the failure.
     pub free_bytes: Option<u64>,
+    /// Its inode limit (nr_inodes).
     pub inodes: Option<u64>,
+    /// Inodes in use at the failure.
     pub inodes_used: Option<u64>,
     pub source: UsageSource,
 }
@@ -175,23 +183,31 @@ pub struct MountAtFailure {
 /// A file on a failing mount that no traced process was seen to make (it
 /// was there before tracing began, or an untraced process made it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Stray {
     /// Escaped, under the mount.
     pub name: String,
+    /// Its inode number.
     pub ino: u64,
     /// Allocated bytes.
     pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Holder {
+    /// The holding process.
     pub pid: u32,
+    /// Its name.
     pub comm: String,
+    /// Bytes of files on the mount it kept alive (by fd or mapping).
     pub held_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Failure {
+    /// When it happened: kernel monotonic nanoseconds, stamped first thing in the hook.
     pub ts_ns: u64,
     /// Seconds since shmtrace started.
     pub time_s: f64,
@@ -202,20 +218,29 @@ pub struct Failure {
     /// either may have been first. The gap, and that process (null when
     /// no other failure came that close).
     pub tie_ns: Option<u64>,
+    /// The other process of that tie.
     pub tie_pid: Option<u32>,
+    /// The failing process (host PID namespace).
     pub pid: u32,
     /// The pid as the process itself sees it (in its container's PID
     /// namespace: what the framework prints in the container's log).
     pub ns_pid: Option<u32>,
+    /// The failing thread.
     pub tid: u32,
+    /// Its parent.
     pub ppid: u32,
+    /// Its name, escaped.
     pub comm: String,
     pub kind: FailureKind,
     pub syscall: Option<Op>,
+    /// The errno of a failed call (null for a SIGBUS, OOM kill or CUDA error).
     pub errno: Option<i32>,
     pub errno_name: Option<crate::signals::ErrnoName>,
+    /// The signal (7, SIGBUS) of a page fault.
     pub signal: Option<i32>,
+    /// The SIGBUS si_code (2 BUS_ADRERR: no page could be allocated).
     pub si_code: Option<i32>,
+    /// The si_code by name.
     pub si_code_name: Option<&'static str>,
     pub fault_addr: Option<Addr>,
     /// As the failing process sees it (`/dev/shm/...` in a container).
@@ -223,10 +248,15 @@ pub struct Failure {
     /// The same file from the host, when that differs.
     pub host_path: Option<String>,
     pub dev: Option<Dev>,
+    /// The file's inode number.
     pub ino: Option<u64>,
+    /// The offset in the file of the page or write that failed.
     pub offset: Option<u64>,
+    /// The bytes the failing call asked for (a write's length, fallocate's).
     pub bytes: Option<u64>,
+    /// The file's size (st_size) at the failure.
     pub file_size: Option<i64>,
+    /// Whether the file had been removed (PyTorch unlinks at once): `ls /dev/shm` cannot show it.
     pub unlinked: Option<bool>,
     /// Why it happened, as typed facts.
     #[serde(skip)]
@@ -250,13 +280,16 @@ pub struct Failure {
     /// count against its limit.
     pub memcg: Option<crate::host::memcg::Memcg>,
     pub mount: Option<MountAtFailure>,
+    /// Its parents up to the traced root (or pid 1).
     pub ancestry: Vec<Ancestor>,
+    /// The failing process's mount namespace.
     pub mnt_ns: u32,
     /// Times the same access faulted again after a handler returned.
     pub refaults: u32,
     /// Times the same process failed the same way again (same kind,
     /// syscall, errno and mount), and when it last did.
     pub repeats: u64,
+    /// When it last repeated.
     pub last_ts_ns: Option<u64>,
     /// The incident it belongs to (one per failing mount, node-wide).
     pub incident: u64,
@@ -265,11 +298,14 @@ pub struct Failure {
     /// For the first failure on a mount: who held its bytes at that moment,
     /// and the last events on that mount before it.
     pub holders: Vec<Holder>,
+    /// The last events on the mount before it, as lines.
     pub events_before: Vec<String>,
     /// For the first failure on a mount: the largest files there that no
     /// traced process made, how many there were and their bytes.
     pub strays: Vec<Stray>,
+    /// How many such files there were.
     pub stray_count: u64,
+    /// Their bytes, all of them.
     pub stray_bytes: u64,
 }
 
@@ -293,12 +329,19 @@ impl Failure {
 
 /// A SIGBUS that was not on a tmpfs mapping: kept, but not a shm failure.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct OtherSignal {
+    /// When the first one came, kernel monotonic nanoseconds.
     pub ts_ns: u64,
+    /// The process it was sent to.
     pub pid: u32,
+    /// The thread it was sent to.
     pub tid: u32,
+    /// Who sent it (the target itself for a fault or a re-raise).
     pub sender_pid: u32,
+    /// Its si_code (0 SI_USER, negative for user-sent, positive for the kernel's).
     pub si_code: i32,
+    /// The si_code by name (BUS_ADRERR, SI_USER, SI_TKILL...).
     pub si_code_name: &'static str,
     /// The first one's fault address.
     pub fault_addr: Addr,
@@ -306,6 +349,7 @@ pub struct OtherSignal {
     /// How many such signals came (same target, sender, si_code and
     /// reason), and when the last did.
     pub count: u64,
+    /// When the last one came.
     pub last_ts_ns: u64,
 }
 

@@ -27,20 +27,26 @@ pub enum Via {
 }
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct FileState {
     pub dev: Dev,
+    /// Its inode number.
     pub ino: u64,
     /// Name as the kernel or /proc gave it (escaped).
     pub name: Option<String>,
+    /// Its size (st_size) as last seen.
     pub size: i64,
     /// Bytes of pages allocated to the file (st_blocks * 512).
     pub allocated_bytes: u64,
+    /// Whether it was removed while still open or mapped (it keeps its pages until the last holder lets go).
     pub unlinked: bool,
+    /// The process that created it, when a traced one did.
     pub creator: Option<u32>,
     /// Bytes of its pages credited to each process that allocated them.
     pub allocated_by: BTreeMap<u32, u64>,
     /// Processes that hold it now by an fd, and by a mapping.
     pub fd_holders: BTreeSet<u32>,
+    /// Processes that map it.
     pub map_holders: BTreeSet<u32>,
     #[serde(skip)]
     fds: BTreeSet<(u32, i32)>,
@@ -85,8 +91,11 @@ pub struct ProcBytes {
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Segments {
+    /// The largest segment's bytes.
     pub max_bytes: u64,
+    /// Processes that created segments.
     pub creators: BTreeSet<u32>,
 }
 

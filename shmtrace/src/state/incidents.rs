@@ -23,6 +23,7 @@ pub enum Place {
 }
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Incident {
     /// 1, 2, ... in the order they opened.
     pub id: u64,

@@ -10,19 +10,25 @@ use crate::{escape, event::Dev};
 
 /// A tmpfs mount's size and use, followed over time.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct MountStat {
     /// As its users see it (a container's is `/dev/shm`).
     pub mountpoint: Option<String>,
     /// Where the host has it, when that differs.
     pub host_mountpoint: Option<String>,
     pub dev: Dev,
+    /// The mount namespace it was found in.
     pub mount_ns: u32,
     /// The namespace it is shown as seen from (its users', a container's).
     #[serde(skip)]
     pub view_ns: u32,
+    /// Its size (size= of the tmpfs).
     pub size_bytes: Option<u64>,
+    /// Bytes in use at the last sample.
     pub used_bytes: Option<u64>,
+    /// Bytes free at the last sample.
     pub free_bytes: Option<u64>,
+    /// The most ever in use: samples, the use read at each tmpfs event and at each failure.
     pub peak_used_bytes: u64,
     /// Bytes of the files shmtrace tracks on it.
     pub tracked_bytes: u64,

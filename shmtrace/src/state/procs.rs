@@ -11,21 +11,31 @@ use crate::{
 };
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Proc {
+    /// Its pid (in the host's PID namespace).
     pub pid: u32,
     /// The pid in its own PID namespace, when that differs (a container).
     pub ns_pid: Option<u32>,
+    /// Its parent's pid.
     pub ppid: u32,
+    /// Its name (the kernel's comm, 15 bytes at most), escaped.
     pub comm: String,
     /// Command line at its last exec (or when first seen), escaped.
     pub cmdline: Option<String>,
+    /// Its mount namespace's inode number.
     pub mnt_ns: u32,
+    /// Its cgroup v2 id (the kernel's bpf_get_current_cgroup_id).
     pub cgroup_id: u64,
     /// A process shmtrace was asked to trace (the `run` command, `--pid`).
     pub root: bool,
+    /// When it was first seen, kernel monotonic nanoseconds.
     pub first_seen_ns: u64,
+    /// When it exited, kernel monotonic nanoseconds (null while alive).
     pub exit_ts_ns: Option<u64>,
+    /// Its exit code, when it exited.
     pub exit_code: Option<i32>,
+    /// The signal that killed it, when one did.
     pub exit_signal: Option<i32>,
     /// How SIGBUS was last handled on delivery: "default" (fatal) or a handler.
     pub sigbus_handler: Option<String>,
@@ -38,8 +48,11 @@ pub struct Proc {
     /// Bytes of tmpfs files it keeps alive by an fd or a mapping (a file
     /// shared by several processes counts for each).
     pub held_bytes: u64,
+    /// The most `allocated_bytes` ever was.
     pub peak_allocated_bytes: u64,
+    /// The most `held_bytes` ever was.
     pub peak_held_bytes: u64,
+    /// Its container (runtime, id, pod), when it is in one.
     pub container: Option<Container>,
     /// Its memory cgroup (hierarchy version, path), read while it lived,
     /// when it first created a tmpfs file: an exited process shows the root.
@@ -80,8 +93,11 @@ impl Proc {
 }
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Ancestor {
+    /// Its pid.
     pub pid: u32,
+    /// Its name.
     pub comm: String,
 }
 

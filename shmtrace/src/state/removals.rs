@@ -13,10 +13,15 @@ pub const MAX_REMOVALS: usize = 4096;
 
 /// One unlink of a tmpfs file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Removal {
+    /// The process that removed it.
     pub pid: u32,
+    /// That process's parent.
     pub ppid: u32,
+    /// That process's name.
     pub comm: String,
+    /// When, kernel monotonic nanoseconds.
     pub ts_ns: u64,
     /// The path as the remover passed it (escaped).
     pub path: String,
