@@ -472,7 +472,9 @@ fn live_view_on_a_terminal_and_plain_lines_in_a_pipe() {
     let err = Captured::stderr(&mut tracer);
     // The once-a-second line, once it has the job's mount.
     err.until("a status line with the mount", |l| {
-        l.starts_with("shmtrace +") && l.contains("/dev/shm 10.0 MiB/32.0 MiB")
+        l.starts_with("shmtrace +")
+            && l.contains("/dev/shm of mount ns ")
+            && l.contains(" 10.0 MiB/32.0 MiB")
     });
     std::fs::write(&finish, "").unwrap();
     job.wait().unwrap();
@@ -554,5 +556,150 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     // SAFETY: plain kill(2).
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
     assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The pane as tmux shows it, wrapped lines joined (a line wider than the
+/// pane would show as one longer line).
+fn pane(session: &str) -> Vec<String> {
+    let out = Command::new("tmux")
+        .args(["capture-pane", "-p", "-J", "-t", session])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines: Vec<String> = text.lines().map(|l| l.trim_end().to_string()).collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    lines
+}
+
+/// Every line within `w` columns, at most `h` of them, title and totals on
+/// top: what an operator in an 80x24 terminal must see.
+fn fits(lines: &[String], w: usize, h: usize) {
+    let screen = lines.join("\n");
+    assert!(lines.len() <= h, "{} lines in {h}:\n{screen}", lines.len());
+    for l in lines {
+        assert!(l.chars().count() <= w, "wider than {w}: {l:?}\n{screen}");
+    }
+    assert!(lines[0].starts_with("shmtrace  +"), "title:\n{screen}");
+    assert!(lines[1].starts_with("tmpfs "), "totals:\n{screen}");
+    assert!(
+        lines[2].starts_with("TMPFS MOUNTS ("),
+        "mounts first:\n{screen}"
+    );
+}
+
+#[test]
+fn live_view_fits_80x24_with_several_mounts_and_holders() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let exe = workload("holders");
+    let dir = scratch("live-fit");
+    let finish = dir.join("finish");
+    let mut cleanup = Cleanup::new(Some(finish.clone()));
+    let session = format!("shmtrace-fit-{}", std::process::id());
+    let st = Command::new("tmux")
+        .args(["new-session", "-d", "-x", "80", "-y", "24", "-s", &session])
+        .arg(shmtrace().display().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux")
+                .args(["kill-session", "-t", &self.0])
+                .status();
+        }
+    }
+    let _kill = Kill(session.clone());
+    let start = Instant::now();
+    while !pane(&session).iter().any(|l| l.starts_with("TMPFS MOUNTS")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no live screen:\n{}",
+            pane(&session).join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Three private /dev/shm with their holders (five processes each),
+    // and a fourth that dd fills to ENOSPC.
+    let mut jobs: Vec<Child> = (0..3).map(|_| start_holders(&exe, &finish)).collect();
+    let mut holders = Vec::new();
+    for j in &mut jobs {
+        let truth = first_json(j);
+        holders.extend(["p1", "p2", "p3", "p4"].map(|k| truth[k].as_u64().unwrap()));
+        cleanup.pids.push(j.id());
+    }
+    let dd = in_private_ns(
+        "mount -t tmpfs -o size=4m tmpfs /dev/shm && exec dd if=/dev/zero of=/dev/shm/fill bs=1M count=8",
+    );
+    let fill = Command::new(&dd[0])
+        .args(&dd[1..])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!fill.success(), "dd ran out of space");
+
+    // The view once it shows our failing mount and the failure.
+    let start = Instant::now();
+    let screen = loop {
+        let lines = pane(&session);
+        let text = lines.join("\n");
+        let mounts = lines.iter().filter(|l| l.contains(" /dev/shm ")).count();
+        if lines.iter().any(|l| l.starts_with("! /dev/shm")) && text.contains("(dd)") && mounts >= 4
+        {
+            break lines;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never showed 4 mounts, the failing one marked, and the dd failure:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    fits(&screen, 80, 24);
+    let text = screen.join("\n");
+    // The failure row names its mount and where it is (a private mount
+    // namespace here, no container).
+    assert!(
+        screen
+            .iter()
+            .any(|l| l.contains("enospc write  pid ") && l.contains("(dd)  /dev/shm of mount ns ")),
+        "{text}"
+    );
+    // Mount rows name their owner, never a bare device.
+    for l in screen
+        .iter()
+        .filter(|l| l.contains(" /dev/shm ") && l.contains('%'))
+    {
+        assert!(
+            l.contains("mount ns ")
+                || l.contains("host")
+                || l.contains("pod ")
+                || l.contains("podman ")
+                || l.contains("docker "),
+            "a mount row without its owner: {l}\n{text}"
+        );
+    }
+    assert_eq!(holders.len(), 12, "{holders:?}");
+
+    // Bigger: the same, and room for the processes.
+    let _ = Command::new("tmux")
+        .args(["resize-window", "-t", &session, "-x", "120", "-y", "30"])
+        .status();
+    std::thread::sleep(Duration::from_millis(1500));
+    let big = pane(&session);
+    fits(&big, 120, 30);
+    assert!(
+        big.iter().any(|l| l.starts_with("PROCESSES")),
+        "{}",
+        big.join("\n")
+    );
+
+    std::fs::write(&finish, "").unwrap();
+    for mut j in jobs {
+        j.wait().unwrap();
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

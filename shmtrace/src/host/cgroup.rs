@@ -69,6 +69,12 @@ impl Container {
         }
     }
 
+    /// A container or pod, not just a cgroup of the host (a systemd unit,
+    /// a session's own cgroup).
+    pub fn is_container(&self) -> bool {
+        self.runtime.is_some() || self.container_id.is_some() || self.pod_uid.is_some()
+    }
+
     pub fn label(&self) -> String {
         if let Some(p) = &self.pod {
             return format!(

@@ -189,11 +189,23 @@ impl Session {
                     let _ = output::report::write(&r, p);
                 }
                 if let Some(d) = &mut self.incidents {
-                    d.update(&r.incidents);
+                    let lines = d.update(&r.incidents);
+                    self.log(lines);
                 }
             }
             if let Some(live) = &mut self.live {
                 live.show(&self.state, self.tracer.lost_total());
+            }
+        }
+    }
+
+    /// Log lines for stdout: through the live view, which holds them while
+    /// its screen is up on the same terminal.
+    fn log(&mut self, lines: Vec<String>) {
+        for line in lines {
+            match &mut self.live {
+                Some(live) => live.log(line),
+                None => println!("{line}"),
             }
         }
     }
@@ -299,7 +311,10 @@ impl Session {
             .as_ref()
             .map(|p| (p, output::report::write(&report, p)));
         if let Some(d) = &mut self.incidents {
-            d.update(&report.incidents);
+            // The screen is left: straight to stdout.
+            for line in d.update(&report.incidents) {
+                println!("{line}");
+            }
         }
         let failed = matches!(written, Some((_, Err(_))));
         if !self.outputs.quiet || failed {

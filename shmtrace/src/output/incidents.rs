@@ -28,7 +28,7 @@ pub struct IncidentDir {
     finished: BTreeSet<u64>,
     /// Wall-clock time of shmtrace's start, and CLOCK_MONOTONIC then.
     started: SystemTime,
-    /// Print one JSON line per opened/closed incident on stdout.
+    /// Give one JSON line per opened/closed incident for stdout.
     log: bool,
 }
 
@@ -57,8 +57,12 @@ impl IncidentDir {
     }
 
     /// Writes every incident that changed: open ones each call, closed
-    /// ones once more (final), then not again.
-    pub fn update(&mut self, incidents: &[IncidentReport]) {
+    /// ones once more (final), then not again. Returns the log lines for
+    /// stdout (one per incident opened or closed), for the caller to print
+    /// where they do not land inside the live screen.
+    #[must_use]
+    pub fn update(&mut self, incidents: &[IncidentReport]) -> Vec<String> {
+        let mut lines = Vec::new();
         for i in incidents {
             if self.finished.contains(&i.id) {
                 continue;
@@ -71,7 +75,7 @@ impl IncidentDir {
                 .clone();
             let path = self.dir.join(&name);
             if new && self.log {
-                println!("{}", log_line("opened", i, &path));
+                lines.push(log_line("opened", i, &path));
             }
             let body = match serde_json::to_vec_pretty(i) {
                 Ok(b) => b,
@@ -87,10 +91,11 @@ impl IncidentDir {
             if i.state == "closed" {
                 self.finished.insert(i.id);
                 if self.log {
-                    println!("{}", log_line("closed", i, &path));
+                    lines.push(log_line("closed", i, &path));
                 }
             }
         }
+        lines
     }
 
     /// Past [`KEEP`] files of ours, the oldest go (names sort by time).

@@ -5,6 +5,7 @@
 pub mod events;
 pub mod files;
 pub mod filter;
+pub mod fit;
 pub mod incidents;
 pub mod live;
 pub mod metrics;

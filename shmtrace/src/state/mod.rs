@@ -49,6 +49,8 @@ use self::{
 pub struct State {
     /// CLOCK_MONOTONIC when shmtrace started (times are shown after it).
     start_ns: u64,
+    /// shmtrace's own mount namespace: the host's view.
+    self_ns: u32,
     procs: ProcessTree,
     maps: MappingTable,
     mounts: MountTables,
@@ -79,6 +81,7 @@ impl State {
     pub fn new(start_ns: u64, host: &mut dyn Host) -> Self {
         let mut s = Self {
             start_ns,
+            self_ns: host.self_ns(),
             procs: ProcessTree::default(),
             maps: MappingTable::default(),
             mounts: MountTables::default(),
@@ -118,6 +121,11 @@ impl State {
     /// CLOCK_MONOTONIC when shmtrace started.
     pub fn start_ns(&self) -> u64 {
         self.start_ns
+    }
+
+    /// shmtrace's own mount namespace: what the host sees.
+    pub fn self_ns(&self) -> u32 {
+        self.self_ns
     }
 
     /// The processes seen, live and recently exited.
@@ -492,7 +500,16 @@ impl State {
         }
         self.refresh_files(host);
         let mut devs = self.files.devs();
-        devs.extend(self.failures.touched_devs());
+        // A failed mount stays while its namespace does; once that is let
+        // go its use can no longer be read, and a last sample (often 100%)
+        // must not stand for it in the live view and the metrics. The
+        // report keeps it as it stood at its first failure.
+        let mounts = &self.mounts;
+        devs.extend(
+            self.failures
+                .touched_devs()
+                .filter(|d| mounts.measure_at(*d).is_some()),
+        );
         // Every known namespace's /dev/shm, files or not: its size matters
         // before anything fills it.
         let mut namespaces = host.anchored();

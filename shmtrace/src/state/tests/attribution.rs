@@ -166,6 +166,68 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
 }
 
 #[test]
+fn a_failed_mount_leaves_the_live_stats_with_its_namespace() {
+    let (mut st, mut host, mut s) = setup();
+    let pod_ns = 4026532998;
+    let pod_shm = Dev(78);
+    host.mounts.insert(
+        pod_ns,
+        vec![Mount {
+            dev: pod_shm,
+            mountpoint: "/dev/shm".into(),
+            fstype: "tmpfs".into(),
+            noexec: false,
+        }],
+    );
+    host.file(pod_shm, 5, 16 * MIB as i64, 16 * MIB, 1);
+    let mut h = s.h(81, 1);
+    h.mnt_ns = pod_ns;
+    let full = FileRef {
+        dev: pod_shm,
+        ..file(5, "x", 16 * MIB as i64, 16 * MIB, 4096)
+    };
+    st.apply(
+        &Event::Opened {
+            h: h.clone(),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: full.clone(),
+        },
+        &mut host,
+    );
+    let mut later = s.h(81, 1);
+    later.mnt_ns = pod_ns;
+    st.apply(&enospc(later, Syscall::Write, 3, 4096, full), &mut host);
+    st.tick(&mut host);
+    assert!(
+        st.mount_stats.get(pod_shm).is_some(),
+        "shown while it lives"
+    );
+    st.release_idle_namespaces = Some(Duration::from_secs(60));
+    st.apply(
+        &Event::Exit {
+            h,
+            status: ExitStatus::from_kernel(0),
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    host.advance(Duration::from_secs(61));
+    st.tick(&mut host);
+    assert_eq!(host.released, vec![pod_ns]);
+    assert!(
+        st.mount_stats.get(pod_shm).is_none(),
+        "a dead mount leaves the view and the metrics"
+    );
+    assert_eq!(
+        st.failures.at_first_failure(pod_shm).map(|m| m.dev),
+        Some(pod_shm),
+        "the report keeps it as it stood at the failure"
+    );
+}
+
+#[test]
 fn failures_carry_their_container_from_the_cgroup_id() {
     let (mut st, mut host, mut s) = setup();
     let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
