@@ -417,3 +417,72 @@ fn a_flood_of_self_sent_and_repeated_sigbus_cannot_hide_the_real_failure() {
     assert!(size < 1 << 20, "a report of {size} bytes");
     assert!(t.stderr().contains("held back"), "{}", t.stderr());
 }
+
+/// The limit on a parent cgroup (a pod's), none on the process's own: the
+/// kill is diagnosed with the parent's limit, and the /dev/shm file that
+/// filled it is named, with its bytes and that it keeps the charge.
+#[test]
+fn oom_kill_at_a_parents_limit_names_the_file_that_filled_it() {
+    let pod = format!(
+        "/sys/fs/cgroup/memory/shmtrace-test-pod-{}",
+        std::process::id()
+    );
+    let ctr = format!("{pod}/ctr");
+    std::fs::create_dir_all(&ctr).expect("memory cgroup (v1 memory controller)");
+    std::fs::write(format!("{pod}/memory.limit_in_bytes"), "48M").unwrap();
+    let t = run_traced(
+        &[],
+        &private_shm(
+            "size=64m",
+            &format!(
+                "echo $$ > {ctr}/cgroup.procs && exec dd if=/dev/zero of=/dev/shm/big bs=1M count=60"
+            ),
+        ),
+    );
+    let _ = std::fs::remove_dir(&ctr);
+    let _ = std::fs::remove_dir(&pod);
+    let f = t.first();
+    assert_eq!(f["kind"], "oom_kill", "{}", t.stderr());
+    assert_eq!(f["comm"], "dd", "{f}");
+    let m = &f["memcg"];
+    assert_eq!(m["version"], 1, "{f}");
+    assert_eq!(
+        m["limit_bytes"].as_u64(),
+        Some(48 << 20),
+        "the parent's: {m}"
+    );
+    assert!(m["own_limit_bytes"].is_null(), "{m}");
+    assert!(
+        m["limit_path"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("shmtrace-test-pod-{}", std::process::id())),
+        "{m}"
+    );
+    assert!(m["path"].as_str().unwrap().ends_with("/ctr"), "{m}");
+    // The file that filled it is the failure's file.
+    assert_eq!(f["path"], "/dev/shm/big", "{f}");
+    assert_eq!(f["mount"]["mountpoint"], "/dev/shm", "{f}");
+    let c = &f["charged_files"][0];
+    assert_eq!(c["path"], "/dev/shm/big", "{f}");
+    assert!(c["bytes"].as_u64().unwrap() > 40 << 20, "{c}");
+    assert_eq!(
+        c["outlives_victim"], true,
+        "a named file keeps its charge: {c}"
+    );
+    let cause = f["cause"].as_str().unwrap();
+    assert!(cause.contains("(above its own cgroup"), "{cause}");
+    assert!(cause.contains("allows 48.0 MiB"), "{cause}");
+    assert!(cause.contains("/dev/shm/big 4"), "{cause}");
+    let fix = t.report["diagnosis"]["fix"].as_str().unwrap();
+    assert!(fix.contains("cap /dev/shm below"), "{fix}");
+    assert!(
+        fix.contains("/dev/shm/big stays charged after the kill"),
+        "{fix}"
+    );
+    let text = t.stderr();
+    assert!(
+        text.contains("/dev/shm/big"),
+        "the summary names the file:\n{text}"
+    );
+}

@@ -160,7 +160,7 @@ pub fn cause(f: &Failure) -> String {
             let limit = f
                 .memcg
                 .as_ref()
-                .map(|m| oom_words(m, *shmem_rss).0)
+                .map(|m| oom_words(f, m, *shmem_rss).0)
                 .unwrap_or_default();
             format!(
                 "the OOM killer chose this process{held}{limit} (shared memory pages count against its memory cgroup)"
@@ -241,7 +241,7 @@ pub fn fix(f: &Failure) -> Option<String> {
         Cause::SystemFdLimit { .. } => "raise sysctl fs.file-max",
         Cause::OomKill { shmem_rss } => {
             return Some(match &f.memcg {
-                Some(m) => oom_words(m, *shmem_rss).1,
+                Some(m) => oom_words(f, m, *shmem_rss).1,
                 None => "raise the memory limit of its cgroup by what it keeps in /dev/shm: tmpfs pages count against it".into(),
             });
         }
@@ -259,35 +259,119 @@ pub fn fix(f: &Failure) -> Option<String> {
     Some(s.to_string())
 }
 
+/// The memory cgroup whose limit applies, in words, for the process(es)
+/// `owner` names ("its", "its writers'"): their own, or an ancestor above
+/// it (the pod's, in Kubernetes).
+pub fn limit_holder(m: &Memcg, owner: &str) -> String {
+    if !m.limited_above() {
+        return format!("{owner} memory cgroup {}", m.path);
+    }
+    let above = m.limiting();
+    let whose = match crate::state::headroom::pod_cgroup(&m.path) {
+        Some(pod) if crate::escape::str(&pod) == above => "the pod's memory cgroup",
+        _ => "the memory cgroup",
+    };
+    format!(
+        "{whose} {above} (above {owner} own cgroup {}, which has no tighter limit)",
+        m.path
+    )
+}
+
+/// The files that filled a memory cgroup at an OOM kill, in words:
+/// "/dev/shm/big 46.7 MiB (named: it keeps the charge ...), ...".
+pub fn charged_words(f: &Failure) -> Option<String> {
+    let list: Vec<String> = f
+        .charged_files
+        .iter()
+        .map(|c| {
+            let what = c.path.clone().unwrap_or_else(|| format!("inode {}", c.ino));
+            let keeps = if c.outlives_victim {
+                if c.unlinked {
+                    "removed, but another process holds it: it keeps its charge"
+                } else {
+                    "named: it keeps its charge after the kill"
+                }
+            } else {
+                "removed: freed with the victim"
+            };
+            format!("{what} {} ({keeps})", human_bytes(c.bytes))
+        })
+        .collect();
+    (!list.is_empty()).then(|| list.join(", "))
+}
+
 /// An OOM kill in words: (", in memory cgroup X: limit L, U in use, S of
-/// it shmem", the fix).
-fn oom_words(m: &Memcg, shmem_rss: u64) -> (String, String) {
+/// it shmem, filled by these files", the fix).
+fn oom_words(f: &Failure, m: &Memcg, shmem_rss: u64) -> (String, String) {
     let shmem = m.shmem_bytes.unwrap_or(shmem_rss);
+    let filled = charged_words(f)
+        .map(|w| format!("; the /dev/shm files charged to it: {w}"))
+        .unwrap_or_default();
     let Some(limit) = m.limit_bytes else {
         return (
             format!(
-                "; its memory cgroup {} has no limit of its own ({} in use, {} of it shmem): a parent cgroup's or the node's memory ran out",
+                "; its memory cgroup {} has no limit on its whole path to the root ({} in use, {} of it shmem): the node's memory ran out{filled}",
                 m.path,
                 human_bytes(m.usage_bytes),
                 human_bytes(shmem)
             ),
-            "find the limit that ran out (the pod's, or the node's memory), and count /dev/shm against it".into(),
+            "the node ran out of memory: count /dev/shm against the pods' memory requests and limits, or cap /dev/shm (an emptyDir sizeLimit, --shm-size)".into(),
         );
     };
+    let fired = match m.oom_kills {
+        Some(n) if n > 0 => format!(
+            " (its memory.events counts {n} OOM kill{} there: this limit fired)",
+            if n == 1 { "" } else { "s" }
+        ),
+        _ => String::new(),
+    };
     let other = m.usage_bytes.saturating_sub(shmem);
+    let whose = if !m.limited_above() {
+        format!("the memory limit ({})", human_bytes(limit))
+    } else if crate::state::headroom::pod_cgroup(&m.path)
+        .is_some_and(|p| crate::escape::str(&p) == m.limiting())
+    {
+        format!(
+            "the pod's memory limit ({} on {})",
+            human_bytes(limit),
+            m.limiting()
+        )
+    } else {
+        format!(
+            "the parent cgroup's memory limit ({} on {})",
+            human_bytes(limit),
+            m.limiting()
+        )
+    };
+    let stays = f
+        .charged_files
+        .iter()
+        .filter(|c| c.outlives_victim && !c.unlinked)
+        .filter_map(|c| c.path.clone())
+        .collect::<Vec<_>>();
+    let crash_loop = if stays.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} stay{} charged after the kill, so the next process there is killed again: remove {} (or have the job unlink its files once they are open)",
+            stays.join(", "),
+            if stays.len() == 1 { "s" } else { "" },
+            if stays.len() == 1 { "it" } else { "them" }
+        )
+    };
     (
         format!(
-            "; its memory cgroup {} allows {}, and had {} in use, {} of it shmem (/dev/shm, memfd)",
-            m.path,
+            "; {} allows {}{fired}, and had {} in use, {} of it shmem (/dev/shm, memfd){filled}",
+            limit_holder(m, "its"),
             human_bytes(limit),
             human_bytes(m.usage_bytes),
             human_bytes(shmem)
         ),
         format!(
-            "raise the memory limit above what the job keeps in shared memory plus its other {} (now {}; the {} of shmem at the kill was still growing), or cap /dev/shm below {} (the limit less the rest) so that it fills with a clear ENOSPC before the cgroup does; a Kubernetes Memory emptyDir counts against the pod's limit (since 1.32 it is sized min(sizeLimit, pod limit))",
-            human_bytes(other),
-            human_bytes(limit),
+            "raise {whose} above {} (what the job keeps in shared memory, {} at the kill and still growing, plus its other {}), or cap /dev/shm below {} (the limit less the rest) so that it fills with a clear ENOSPC before the cgroup does; a Kubernetes Memory emptyDir counts against the pod's limit (since 1.32 it is sized min(sizeLimit, pod limit)){crash_loop}",
+            human_bytes(shmem + other),
             human_bytes(shmem),
+            human_bytes(other),
             human_bytes(limit.saturating_sub(other))
         ),
     )
@@ -367,10 +451,10 @@ pub fn headroom(mountpoint: Option<&str>, h: &Headroom) -> String {
         None => " (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32; before that, sizeLimit alone)".to_string(),
     };
     format!(
-        "{} is {} but its writers' memory cgroup {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {}{rule}",
+        "{} is {} but {} allows {} ({} in use, {} of it shmem) and leaves about {} for shared memory: it can never fill; the OOM killer strikes first. Raise the memory limit, or size /dev/shm below {}{rule}",
         mountpoint.unwrap_or("the mount"),
         human_bytes(size),
-        m.path,
+        limit_holder(m, "its writers'"),
         human_bytes(m.limit_bytes.unwrap_or(0)),
         human_bytes(m.usage_bytes),
         human_bytes(m.shmem_bytes.unwrap_or(0)),
@@ -475,6 +559,10 @@ mod tests {
             limit_bytes: Some(48 * MIB),
             usage_bytes: 48 * MIB,
             shmem_bytes: Some(46 * MIB),
+            own_limit_bytes: Some(48 * MIB),
+            limit_path: Some("/kubepods/pod1/c".into()),
+            limit_raw: Some("/kubepods/pod1/c".into()),
+            ..Default::default()
         });
         let c = cause(&f);
         assert!(c.contains("holding 40.0 MiB of shared memory"), "{c}");
@@ -482,7 +570,73 @@ mod tests {
         // The rest of the cgroup's use is 2 MiB: /dev/shm must stay below 46.
         assert!(fix(&f).unwrap().contains("cap /dev/shm below 46.0 MiB"));
         f.memcg.as_mut().unwrap().limit_bytes = None;
-        assert!(cause(&f).contains("has no limit of its own"));
+        assert!(cause(&f).contains("has no limit on its whole path to the root"));
+    }
+
+    /// Kubernetes on cgroup v2: the container's scope is unlimited, the pod
+    /// slice holds 48 MiB, and a named /dev/shm file filled it.
+    #[test]
+    fn an_oom_kill_at_a_pod_limit_names_the_pod_and_the_file() {
+        let pod = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b.slice";
+        let scope = format!("{pod}/cri-containerd-abc.scope");
+        let mut f = failing(Cause::OomKill {
+            shmem_rss: 46 * MIB,
+        });
+        f.memcg = Some(Memcg {
+            path: scope.clone(),
+            version: 2,
+            limit_bytes: Some(48 * MIB),
+            limit_path: Some(pod.into()),
+            limit_raw: Some(pod.into()),
+            own_limit_bytes: None,
+            usage_bytes: 48 * MIB,
+            shmem_bytes: Some(46 * MIB + 700 * 1024),
+            oom_kills: Some(1),
+            ..Default::default()
+        });
+        f.charged_files = vec![crate::state::failures::ChargedFile {
+            path: Some("/dev/shm/big".into()),
+            dev: crate::event::Dev(40),
+            ino: 5,
+            mountpoint: Some("/dev/shm".into()),
+            bytes: 46 * MIB + 700 * 1024,
+            unlinked: false,
+            outlives_victim: true,
+        }];
+        let c = cause(&f);
+        assert!(
+            c.contains(&format!(
+                "the pod's memory cgroup {pod} (above its own cgroup {scope}, which has no tighter limit) allows 48.0 MiB (its memory.events counts 1 OOM kill there: this limit fired)"
+            )),
+            "{c}"
+        );
+        assert!(
+            c.contains("the /dev/shm files charged to it: /dev/shm/big 46.7 MiB (named: it keeps its charge after the kill)"),
+            "{c}"
+        );
+        let fix = fix(&f).unwrap();
+        assert!(
+            fix.starts_with(&format!(
+                "raise the pod's memory limit (48.0 MiB on {pod}) above 48.0 MiB"
+            )),
+            "{fix}"
+        );
+        assert!(fix.contains("cap /dev/shm below 46.7 MiB"), "{fix}");
+        {
+            // A limit on a parent that is no pod: the parent's.
+            let mut g = f.clone();
+            g.memcg.as_mut().unwrap().path = "/job/worker".into();
+            g.memcg.as_mut().unwrap().limit_path = Some("/job".into());
+            let fix = super::fix(&g).unwrap();
+            assert!(
+                fix.starts_with("raise the parent cgroup's memory limit (48.0 MiB on /job)"),
+                "{fix}"
+            );
+        }
+        assert!(
+            fix.ends_with("/dev/shm/big stays charged after the kill, so the next process there is killed again: remove it (or have the job unlink its files once they are open)"),
+            "{fix}"
+        );
     }
 
     #[test]
@@ -555,11 +709,30 @@ mod tests {
                 limit_bytes: Some(24 * MIB),
                 usage_bytes: 5 * MIB,
                 shmem_bytes: Some(MIB),
+                own_limit_bytes: Some(24 * MIB),
+                limit_path: Some("/kubepods/pod1/c".into()),
+                limit_raw: Some("/kubepods/pod1/c".into()),
+                ..Default::default()
             },
             pod_limit: None,
         };
         let w = headroom(Some("/dev/shm"), &h);
         assert!(w.starts_with("/dev/shm is 64.0 MiB but its writers' memory cgroup /kubepods/pod1/c allows 24.0 MiB"), "{w}");
+        let mut above = h.memcg.clone();
+        above.path = "/kubepods/pod1/c".into();
+        above.own_limit_bytes = None;
+        above.limit_path = Some("/kubepods/pod1".into());
+        let w = headroom(
+            Some("/dev/shm"),
+            &Headroom {
+                memcg: above,
+                ..h.clone()
+            },
+        );
+        assert!(
+            w.starts_with("/dev/shm is 64.0 MiB but the pod's memory cgroup /kubepods/pod1 (above its writers' own cgroup /kubepods/pod1/c, which has no tighter limit) allows 24.0 MiB"),
+            "{w}"
+        );
         assert!(w.contains("size /dev/shm below 20.0 MiB"), "{w}");
         assert!(w.ends_with("before that, sizeLimit alone)"), "{w}");
         let w = headroom(

@@ -172,11 +172,14 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
         FailureKind::OomKill => {
             match first.memcg.as_ref().and_then(|m| Some((m, m.limit_bytes?))) {
                 Some((m, limit)) => format!(
-                    "{role} was killed by the OOM killer: its memory cgroup {} allows {}, and {} of the {} in use was shared memory, which counts against it. A bigger /dev/shm would not help.",
-                    m.path,
+                    "{role} was killed by the OOM killer: {} allows {}, and {} of the {} in use was shared memory, which counts against it{}. A bigger /dev/shm would not help.",
+                    super::causes::limit_holder(m, "its"),
                     human_bytes(limit),
                     human_bytes(m.shmem_bytes.unwrap_or(0)),
-                    human_bytes(m.usage_bytes)
+                    human_bytes(m.usage_bytes),
+                    super::causes::charged_words(first)
+                        .map(|w| format!(" (what filled it: {w})"))
+                        .unwrap_or_default()
                 ),
                 None => format!(
                     "{role} was killed by the OOM killer: its shared memory counts against its memory cgroup's limit."

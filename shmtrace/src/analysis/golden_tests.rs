@@ -185,27 +185,63 @@ fn other_causes() -> State {
     st
 }
 
-/// The OOM killer takes a shm writer in a memory cgroup at its limit;
-/// a CUDA IPC call fails elsewhere.
+/// The OOM killer takes a shm writer whose pod holds the memory limit (its
+/// container's own cgroup has none), after it filled a named /dev/shm file;
+/// another container of the pod holds a smaller one. A CUDA IPC call fails
+/// elsewhere.
 fn oom_and_cuda() -> State {
     let (mut st, mut host, mut s) = setup();
-    host.memcgs
-        .insert(51, (2, "/kubepods/burstable/podabc/0123".into()));
+    let pod = "/kubepods/burstable/podabc";
+    let (own, sidecar) = (format!("{pod}/0123"), format!("{pod}/0456"));
+    host.memcgs.insert(51, (2, own.clone()));
+    host.memcgs.insert(52, (2, sidecar));
     host.memcg_stats.insert(
-        (2, "/kubepods/burstable/podabc/0123".into()),
+        (2, own.clone()),
         Memcg {
             version: 2,
-            path: "/kubepods/burstable/podabc/0123".into(),
+            path: own,
             limit_bytes: Some(48 * MIB),
             usage_bytes: 48 * MIB,
             shmem_bytes: Some(46 * MIB),
+            own_limit_bytes: None,
+            limit_path: Some(pod.into()),
+            limit_raw: Some(pod.into()),
+            oom_kills: Some(1),
+            max_events: Some(7),
+            ..Default::default()
         },
     );
-    let evs = vec![
+    let create = |s: &mut crate::state::tests::Stream, pid, ino, name: &str, bytes: u64| {
+        let f = file(ino, name, bytes as i64, bytes, 12288);
+        vec![
+            Event::Opened {
+                h: s.h(pid, 50),
+                syscall: Syscall::Openat,
+                fd: 3,
+                flags: libc::O_CREAT as u64,
+                file: file(ino, name, 0, 0, 0),
+            },
+            Event::Truncated {
+                h: s.h(pid, 50),
+                fd: 3,
+                length: bytes,
+                file: f,
+            },
+        ]
+    };
+    let mut evs = vec![
         Event::Fork {
             h: s.h(50, 1),
             child: 51,
         },
+        Event::Fork {
+            h: s.h(50, 1),
+            child: 52,
+        },
+    ];
+    evs.extend(create(&mut s, 52, 71, "cache", 2 * MIB));
+    evs.extend(create(&mut s, 51, 70, "big", 46 * MIB));
+    evs.extend([
         Event::OomVictim {
             h: s.h(99, 1),
             victim: 51,
@@ -220,7 +256,7 @@ fn oom_and_cuda() -> State {
             call: CudaCall::GetMemHandle,
             code: 2,
         },
-    ];
+    ]);
     apply(&mut st, &mut host, &evs);
     st
 }

@@ -25,8 +25,8 @@ pub(super) fn memory_headroom(first: &Failure, recommended: Option<u64>) -> Opti
     let want = recommended.unwrap_or(0).max(size);
     (want > room).then(|| {
         format!(
-            "the failing process's memory cgroup {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
-            m.path,
+            "for the failing process, {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
+            super::causes::limit_holder(m, "its"),
             human_bytes(limit),
             human_bytes(room),
             human_bytes(want)

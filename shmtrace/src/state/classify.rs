@@ -305,6 +305,43 @@ impl State {
         f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
         // Read now: the victim is on its way out.
         f.memcg = self.memcg_now(host, *victim);
+        if f.memcg.as_ref().is_none_or(|m| m.path == "/") {
+            // Gone already (it shows the root): the cgroup its events came
+            // from while it lived.
+            let id = self.procs.get(*victim).map(|p| p.cgroup_id).unwrap_or(0);
+            if let Some(c) = self
+                .container_of_pid(host, *victim)
+                .or_else(|| self.container_of_id(host, id))
+                .filter(|c| c.cgroup != "/")
+                && let Some((version, _)) = f
+                    .memcg
+                    .as_ref()
+                    .map(|m| (m.version, ()))
+                    .or_else(|| host.memcg_of(std::process::id()).map(|(v, _)| (v, ())))
+            {
+                f.memcg = host.memcg_at(version, &c.cgroup).or(f.memcg.take());
+            }
+        }
+        if let Some(m) = f.memcg.as_mut() {
+            // Read after the kill began freeing the victim's pages: its own
+            // shmem at the kill, from the kernel's record, is a floor.
+            let read = m.shmem_bytes.unwrap_or(0);
+            if *shmem_rss > read {
+                let other = m.usage_bytes.saturating_sub(read);
+                m.shmem_bytes = Some(*shmem_rss);
+                m.usage_bytes = m.usage_bytes.max(other + shmem_rss);
+            }
+        }
+        // What filled the limit: the file of the largest charge is the
+        // failure's file.
+        f.charged_files = self.charged_files(host, h, *victim, f.memcg.as_ref());
+        if let Some(top) = f.charged_files.first().cloned() {
+            f.path = top.path;
+            f.dev = Some(top.dev);
+            f.ino = Some(top.ino);
+            f.unlinked = Some(top.unlinked);
+            f.mount = self.mount_state(host, top.dev, h.mnt_ns, *victim, None);
+        }
         f.why = Cause::OomKill {
             shmem_rss: *shmem_rss,
         };

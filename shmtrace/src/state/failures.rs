@@ -193,6 +193,33 @@ pub struct Stray {
     pub bytes: u64,
 }
 
+/// A tmpfs file whose pages a memory cgroup was charged for, at an OOM
+/// kill in it: what filled the limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
+pub struct ChargedFile {
+    /// As the victim sees it ("/dev/shm/big"), escaped; null when the
+    /// kernel gave no name.
+    pub path: Option<String>,
+    pub dev: Dev,
+    /// Its inode number.
+    pub ino: u64,
+    /// The mount it is on, as the victim sees it.
+    pub mountpoint: Option<String>,
+    /// Bytes of its pages the cgroup's processes allocated.
+    pub bytes: u64,
+    /// Removed already (PyTorch unlinks at once): its pages go when its
+    /// last holder does.
+    pub unlinked: bool,
+    /// Its pages, and the cgroup's charge for them, stay after the victim
+    /// is gone (a named file, or another process holds it): the next
+    /// process of the pod runs into the same limit.
+    pub outlives_victim: bool,
+}
+
+/// Files listed for an OOM kill, largest first.
+pub const MAX_CHARGED: usize = 10;
+
 #[derive(Clone, Debug, Serialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct Holder {
@@ -279,6 +306,10 @@ pub struct Failure {
     /// The failing process's memory cgroup at the failure: /dev/shm pages
     /// count against its limit.
     pub memcg: Option<crate::host::memcg::Memcg>,
+    /// For an OOM kill: the tmpfs files the memory cgroup that holds the
+    /// limit (the victim's, or its pod's) had allocated, largest first
+    /// (at most [`MAX_CHARGED`]); `path` and `mount` are the largest's.
+    pub charged_files: Vec<ChargedFile>,
     pub mount: Option<MountAtFailure>,
     /// Its parents up to the traced root (or pid 1).
     pub ancestry: Vec<Ancestor>,

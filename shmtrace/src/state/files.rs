@@ -261,6 +261,23 @@ impl Files {
             .collect()
     }
 
+    /// Files of `pids` (made or held by one of them) that still have a
+    /// name we can look up: measured by name when their holders are gone.
+    pub fn named_of(&self, pids: &BTreeSet<u32>) -> Vec<(FileKey, String)> {
+        self.files
+            .iter()
+            .filter(|(_, f)| !f.unlinked)
+            .filter(|(_, f)| {
+                f.creator.is_some_and(|c| pids.contains(&c))
+                    || f.holders().iter().any(|p| pids.contains(p))
+            })
+            .filter_map(|(k, f)| {
+                let n = f.name.as_deref()?;
+                (!n.contains('\\') && !n.starts_with("...")).then(|| (*k, n.to_string()))
+            })
+            .collect()
+    }
+
     /// What a lookup by name found of a file nobody holds. Gone or another
     /// file under the name: it was unlinked with no holder, so freed.
     pub fn looked_up(&mut self, key: FileKey, found: Lookup) {

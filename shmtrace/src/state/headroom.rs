@@ -1,9 +1,13 @@
 //! /dev/shm pages are charged to their writer's memory cgroup: a mount
 //! larger than what that cgroup leaves for shared memory can never fill.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::State;
+use super::{
+    State,
+    failures::{ChargedFile, MAX_CHARGED},
+    files::FileState,
+};
 use crate::{
     event::Dev,
     host::{Host, memcg::Memcg},
@@ -13,11 +17,19 @@ impl State {
     /// `pid`'s memory cgroup as it stands now: where it was when it created
     /// a tmpfs file (it may have exited since), else where it is.
     pub(super) fn memcg_now(&self, host: &mut dyn Host, pid: u32) -> Option<Memcg> {
-        let (version, path) = self
-            .procs
-            .get(pid)
+        let p = self.procs.get(pid);
+        let (version, mut path) = p
             .and_then(|p| p.memcg.clone())
             .or_else(|| host.memcg_of(pid))?;
+        // A process that already exited shows the root: the cgroup it was
+        // seen in while it lived stands in (a victim of the OOM killer is
+        // often gone by the time its event is read).
+        if path == "/"
+            && let Some(c) = p.and_then(|p| p.container.as_ref())
+            && c.cgroup != "/"
+        {
+            path = c.cgroup.clone();
+        }
         host.memcg_at(version, &path)
     }
 
@@ -64,6 +76,92 @@ impl State {
             }
         }
         best
+    }
+}
+
+impl State {
+    /// At an OOM kill of `victim` (header `h`), in memory cgroup `m`: the
+    /// tmpfs files the processes under the cgroup that holds the limit
+    /// allocated, largest first. Their sizes are measured now, while the
+    /// victim still holds its fds.
+    pub(super) fn charged_files(
+        &mut self,
+        host: &mut dyn Host,
+        h: &crate::event::Header,
+        victim: u32,
+        m: Option<&Memcg>,
+    ) -> Vec<ChargedFile> {
+        self.refresh_files(host);
+        // Who counts against the limit: processes whose memory cgroup is at
+        // or below the one that holds it; without one, the victim's own.
+        let own = self.procs.get(victim).and_then(|p| p.memcg.clone());
+        let charged_to = |p: &crate::state::procs::Proc| -> bool {
+            if p.pid == victim {
+                return true;
+            }
+            let Some((version, path)) = &p.memcg else {
+                return false;
+            };
+            match m {
+                Some(m) if m.limit_bytes.is_some() => *version == m.version && m.covers(path),
+                _ => own.as_ref().is_some_and(|(v, o)| v == version && o == path),
+            }
+        };
+        let group: BTreeSet<u32> = self
+            .procs
+            .all()
+            .filter(|p| charged_to(p))
+            .map(|p| p.pid)
+            .collect();
+        // Holders that died with the victim cannot show their files: those
+        // still named are measured by name.
+        for (key, rel) in self.files.named_of(&group) {
+            let Some((ns, m)) = self.mounts.measure_at(key.0) else {
+                continue;
+            };
+            if let found @ crate::host::Lookup::Found(st) =
+                host.lookup(key.0, ns, &m.mountpoint, &rel)
+                && st.ino == key.1
+            {
+                self.files.looked_up(key, found);
+            }
+        }
+        self.files.update_bytes();
+        let mut v: Vec<ChargedFile> = Vec::new();
+        let files: Vec<FileState> = self.files.all().into_iter().cloned().collect();
+        for f in files {
+            let credited: u64 = f
+                .allocated_by
+                .iter()
+                .filter(|(pid, _)| group.contains(pid))
+                .map(|(_, b)| *b)
+                .sum();
+            let bytes = match f.allocated_bytes {
+                0 => credited,
+                all => credited.min(all),
+            };
+            if bytes == 0 {
+                continue;
+            }
+            let path = self.file_path(host, f.dev, f.name.as_deref(), h);
+            let mountpoint = self
+                .mounts
+                .view(f.dev, Some(h.mnt_ns), host.self_ns())
+                .map(|x| crate::escape::str(&x.mountpoint));
+            let others = f.holders().iter().any(|p| *p != victim);
+            v.push(ChargedFile {
+                path,
+                dev: f.dev,
+                ino: f.ino,
+                mountpoint,
+                bytes,
+                unlinked: f.unlinked,
+                outlives_victim: !f.unlinked || others,
+            });
+        }
+        v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.ino.cmp(&b.ino)));
+        v.truncate(MAX_CHARGED);
+        v
     }
 }
 

@@ -15,6 +15,10 @@ fn memcg(path: &str, limit: u64, usage: u64, shmem: u64) -> Memcg {
         limit_bytes: Some(limit),
         usage_bytes: usage,
         shmem_bytes: Some(shmem),
+        own_limit_bytes: Some(limit),
+        limit_path: Some(path.into()),
+        limit_raw: Some(path.into()),
+        ..Default::default()
     }
 }
 
