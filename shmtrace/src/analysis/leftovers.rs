@@ -25,7 +25,7 @@ pub(super) fn memory_headroom(first: &Failure, recommended: Option<u64>) -> Opti
     let want = recommended.unwrap_or(0).max(size);
     (want > room).then(|| {
         format!(
-            "for the failing process, {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
+            "the failing process is held to a limit: {} allows {} and leaves about {} for shared memory: a /dev/shm of {} can never fill, the OOM killer strikes first; raise the memory limit with it (Kubernetes sizes a Memory emptyDir at min(sizeLimit, the pod's memory limit) since 1.32)",
             super::causes::limit_holder(m, "its"),
             human_bytes(limit),
             human_bytes(room),
