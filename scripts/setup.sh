@@ -51,6 +51,21 @@ if [[ $want_test -eq 1 ]]; then
     apt_install bpftool tmux python3-torch python3-venv
     # promtool (Debian's prometheus): metrics format and alerting-rule tests.
     apt_install prometheus python3-yaml
+    # A second kernel and a cgroup-v2-only node: Debian 12's 6.1 under QEMU
+    # (TCG), booted from an initramfs of static busybox (tests/tests/vm.rs).
+    # The kernel package is only unpacked into the cache, never installed.
+    apt_install qemu-system-x86 busybox-static cpio
+    vm_cache=/var/cache/shmtrace/vm
+    if ! ls "$vm_cache"/boot/vmlinuz-6.1.* >/dev/null 2>&1; then
+        mkdir -p "$vm_cache"
+        [[ $apt_updated -eq 1 ]] || { DEBIAN_FRONTEND=noninteractive apt-get update -qq; apt_updated=1; }
+        kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-6\.1/ {print $2; exit}')
+        [[ -n "$kpkg" ]] || { say "no linux-image-6.1 package in Debian's index"; exit 1; }
+        say "fetching $kpkg for the VM test (unpacked into $vm_cache, not installed)"
+        (cd "$vm_cache" && apt-get download -qq "$kpkg" 2>/dev/null &&
+            dpkg-deb --fsys-tarfile "$kpkg"_*.deb | tar -x --wildcards './boot/vmlinuz-*' &&
+            rm -f "$kpkg"_*.deb)
+    fi
     # A real container runtime (runc: crun refuses hybrid cgroup layouts).
     apt_install podman runc conmon
     # PyPI's PyTorch (posix_fallocate ENOSPC path), kept outside the checkout.

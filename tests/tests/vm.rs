@@ -1,0 +1,326 @@
+//! A second kernel and a cgroup-v2-only node: Debian 12's kernel 6.1 booted
+//! under QEMU (TCG: KVM does not work on these VMs), with an initramfs of
+//! static busybox, this shmtrace binary and its libraries, and the static
+//! C workloads. Its /init (tests/vm/init.sh) mounts only cgroup2, makes
+//! Kubernetes' systemd-driver cgroup shape, runs the scenarios that matter
+//! on such nodes and writes their reports to a second serial port, which
+//! this test checks: the first failing worker (SIGBUS and ENOSPC), an OOM
+//! kill at a pod slice's memory.max with the file that filled it, and a
+//! node-wide incident named by its pod from a PID namespace.
+//!
+//! scripts/setup.sh --test fetches the kernel package into
+//! /var/cache/shmtrace/vm (never installed) and QEMU and busybox from
+//! Debian; SHMTRACE_VM_KERNEL points at another bzImage.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use shmtrace_tests::*;
+
+const POD_UID: &str = "1a2b3c4d-5e6f-4a8b-9c0d-00000000cafe";
+const POD2_UID: &str = "1a2b3c4d-5e6f-4a8b-9c0d-00000000beef";
+const CTR_ID: &str = "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00";
+
+/// The kernel image: $SHMTRACE_VM_KERNEL, else the newest 6.1 one setup.sh
+/// extracted.
+fn kernel() -> PathBuf {
+    if let Some(k) = std::env::var_os("SHMTRACE_VM_KERNEL") {
+        return PathBuf::from(k);
+    }
+    let dir = Path::new("/var/cache/shmtrace/vm/boot");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "no kernel in {} ({e}): run scripts/setup.sh --test",
+                dir.display()
+            )
+        })
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-6.1."))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .expect("no vmlinuz-6.1.* in /var/cache/shmtrace/vm/boot: run scripts/setup.sh --test")
+}
+
+/// A static build of tests/workloads/NAME.c.
+fn static_workload(name: &str, dir: &Path) -> PathBuf {
+    let src = root_dir().join("tests/workloads").join(format!("{name}.c"));
+    let exe = dir.join(name);
+    let st = Command::new("gcc")
+        .args(["-O1", "-static", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc");
+    assert!(st.success(), "cannot build {} statically", src.display());
+    exe
+}
+
+/// Copies `from` to `root/to`, making its directories.
+fn put(root: &Path, from: &Path, to: &str) {
+    let dst = root.join(to.trim_start_matches('/'));
+    std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+    std::fs::copy(from, &dst).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+}
+
+/// The shared libraries `exe` needs and the loader, as ldd lists them.
+fn libraries(exe: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(exe).output().expect("ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(PathBuf::from)
+        })
+        .collect()
+}
+
+/// The initramfs: busybox, shmtrace with its libraries, the workloads and
+/// /init, as a gzipped newc cpio.
+fn initramfs(dir: &Path) -> PathBuf {
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    for d in ["proc", "sys", "dev", "tmp", "work"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    put(&root, Path::new("/bin/busybox"), "/bin/busybox");
+    let bin = shmtrace();
+    put(&root, &bin, "/bin/shmtrace");
+    for lib in libraries(&bin) {
+        let canon = std::fs::canonicalize(&lib).unwrap();
+        put(&root, &canon, &lib.to_string_lossy());
+    }
+    let order = static_workload("order", dir);
+    put(&root, &order, "/work/order");
+    put(&root, &root_dir().join("tests/vm/init.sh"), "/init");
+    let cpio = dir.join("initrd.gz");
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd {} && find . | cpio -o -H newc --quiet | gzip -1 > {}",
+            root.display(),
+            cpio.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(st.success(), "cpio");
+    cpio
+}
+
+/// Each `=== NAME FILE ===` section of the data port, by (NAME, FILE).
+fn sections(data: &str) -> BTreeMap<(String, String), String> {
+    let mut out = BTreeMap::new();
+    let mut key: Option<(String, String)> = None;
+    let mut body = String::new();
+    for line in data.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(head) = line
+            .strip_prefix("=== ")
+            .and_then(|l| l.strip_suffix(" ==="))
+        {
+            if let Some(k) = key.take() {
+                out.insert(k, std::mem::take(&mut body));
+            }
+            let mut words = head.splitn(2, ' ');
+            let name = words.next().unwrap_or("").to_string();
+            let file = words.next().unwrap_or("").to_string();
+            key = Some((name, file));
+        } else {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    if let Some(k) = key {
+        out.insert(k, body);
+    }
+    out
+}
+
+#[test]
+fn debian_6_1_with_cgroup_v2_only() {
+    require_root();
+    let _ = std::fs::remove_file(root_dir().join("target/vm-tested.txt"));
+    let dir = scratch("vm");
+    let kernel = kernel();
+    let initrd = initramfs(&dir);
+    let (console, data) = (dir.join("console.log"), dir.join("data.log"));
+    let start = Instant::now();
+    let mut qemu = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "2048"])
+        .args(["-nodefaults", "-display", "none", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&kernel)
+        .arg("-initrd")
+        .arg(&initrd)
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 rdinit=/init root=/dev/ram0 cgroup_no_v1=all quiet",
+        ])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-serial")
+        .arg(format!("file:{}", data.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-system-x86_64: run scripts/setup.sh --test (Debian's qemu-system-x86)");
+    // TCG: about 10 s to /init and 12 s per shmtrace run here.
+    let limit = Duration::from_secs(480);
+    loop {
+        if let Some(st) = qemu.try_wait().unwrap() {
+            assert!(st.success(), "qemu: {st}");
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = qemu.kill();
+            let _ = qemu.wait();
+            panic!(
+                "the VM did not finish in {limit:?}; console:\n{}\ndata:\n{}",
+                std::fs::read_to_string(&console).unwrap_or_default(),
+                std::fs::read_to_string(&data).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let text = std::fs::read_to_string(&data).unwrap();
+    let console_text = std::fs::read_to_string(&console).unwrap_or_default();
+    let s = sections(&text);
+    let kernel_line = s
+        .keys()
+        .find(|(n, _)| n == "kernel")
+        .map(|(_, f)| f.clone())
+        .unwrap_or_default();
+    // The kernel it tested, in the suite's log.
+    eprintln!(
+        "vm: kernel {kernel_line} ({}), booted and checked in {:.0?}",
+        kernel.display(),
+        start.elapsed()
+    );
+    assert!(
+        kernel_line.starts_with("6.1."),
+        "not the 6.1 kernel: {kernel_line:?}\n{console_text}"
+    );
+    assert!(
+        s.contains_key(&("done".into(), String::new())),
+        "the VM did not finish its scenarios:\n{text}\nconsole:\n{console_text}"
+    );
+    // Only cgroup2 is mounted (cgroup_no_v1=all), with the memory controller.
+    let layout = &s[&("layout".into(), "fs.txt".into())];
+    let mounts: Vec<&str> = layout.lines().filter(|l| l.contains("cgroup")).collect();
+    assert_eq!(mounts.len(), 1, "{layout}");
+    assert!(
+        mounts[0].starts_with("cgroup2 /sys/fs/cgroup cgroup2 "),
+        "{layout}"
+    );
+    assert!(
+        layout.lines().any(|l| l.split(' ').any(|c| c == "memory")),
+        "{layout}"
+    );
+
+    let report = |name: &str| -> Value {
+        let r = s
+            .get(&(name.to_string(), "report.json".to_string()))
+            .unwrap_or_else(|| panic!("no report for {name}:\n{text}"));
+        let stderr = s
+            .get(&(name.to_string(), "stderr.txt".to_string()))
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            !r.trim().is_empty(),
+            "{name}: empty report; shmtrace said:\n{stderr}\nconsole:\n{console_text}"
+        );
+        report_json(r)
+    };
+
+    // 1, 2: the first failing worker, in the order the workload released them.
+    for mode in ["sigbus", "write"] {
+        let name = format!("order-{mode}");
+        let r = report(&name);
+        let truth = truth(&s[&(name.clone(), "truth.json".into())]);
+        let order = pids(&truth["order"]);
+        let first = &r["first_failure"];
+        assert_eq!(first["pid"].as_u64(), Some(order[0]), "{name}: {first}");
+        assert_eq!(first["path"], "/dev/shm/w2", "{name}: {first}");
+        let kind = if mode == "sigbus" { "sigbus" } else { "enospc" };
+        assert_eq!(first["kind"], kind, "{name}: {first}");
+        let mut seen = Vec::new();
+        for f in r["failures"].as_array().unwrap() {
+            let pid = f["pid"].as_u64().unwrap();
+            if !seen.contains(&pid) {
+                seen.push(pid);
+            }
+        }
+        assert_eq!(seen, order, "{name}: failures in the order released");
+    }
+
+    // 3: the OOM kill at the pod slice's limit, with the file that filled it.
+    let r = report("oom-pod");
+    let f = &r["first_failure"];
+    assert_eq!(f["kind"], "oom_kill", "{f}");
+    let m = &f["memcg"];
+    assert_eq!(m["version"], 2, "{m}");
+    assert_eq!(m["limit_bytes"].as_u64(), Some(48 << 20), "{m}");
+    assert!(m["own_limit_bytes"].is_null(), "{m}");
+    let pod_slice = format!("kubepods-burstable-pod{}.slice", POD_UID.replace('-', "_"));
+    assert!(
+        m["limit_path"].as_str().unwrap().ends_with(&pod_slice),
+        "the pod's slice holds the limit: {m}"
+    );
+    assert!(m["oom_kills"].as_u64() >= Some(1), "memory.events: {m}");
+    assert_eq!(f["path"], "/dev/shm/big", "{f}");
+    let c = &f["charged_files"][0];
+    assert_eq!(c["path"], "/dev/shm/big", "{f}");
+    assert!(c["bytes"].as_u64().unwrap() > 40 << 20, "{c}");
+    assert_eq!(c["outlives_victim"], true, "{c}");
+    let ctr = &f["container"];
+    assert_eq!(ctr["pod_uid"], POD_UID, "{ctr}");
+    assert_eq!(ctr["container_id"], CTR_ID, "{ctr}");
+    let fix = r["diagnosis"]["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("raise the pod's memory limit (48.0 MiB on"),
+        "{fix}"
+    );
+    assert!(fix.contains("cap /dev/shm below"), "{fix}");
+    assert!(fix.contains("/dev/shm/big stays charged"), "{fix}");
+
+    // 4: node-wide, the pod's incident from a PID namespace.
+    let r = report("node-pod");
+    let ours: Vec<&Value> = r["incidents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["container"]["pod_uid"] == POD2_UID)
+        .collect();
+    assert_eq!(ours.len(), 1, "{}", r["incidents"]);
+    let f = &ours[0]["first_failure"];
+    assert_eq!(f["kind"], "enospc", "{f}");
+    assert_eq!(f["path"], "/dev/shm/batch", "{f}");
+    assert_eq!(f["mount"]["mountpoint"], "/dev/shm", "{f}");
+    assert_eq!(f["mount"]["size_bytes"].as_u64(), Some(4 << 20), "{f}");
+    let ns_pid = f["ns_pid"]
+        .as_u64()
+        .expect("the pid it sees in its namespace");
+    assert!(ns_pid < 10 && ns_pid != f["pid"].as_u64().unwrap(), "{f}");
+    // What was tested, for the suite's closing lines (scripts/test.sh).
+    let _ = std::fs::write(
+        root_dir().join("target/vm-tested.txt"),
+        format!(
+            "vm: Debian's kernel {kernel_line} under QEMU, cgroup v2 only with Kubernetes' systemd-driver slices: first failing worker (SIGBUS, write ENOSPC), OOM kill at a pod slice's memory.max with the file that filled it, node-wide incident named by its pod from a PID namespace: passed in {:.0?}\n",
+            start.elapsed()
+        ),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
