@@ -460,6 +460,11 @@ fn oom_kill_at_a_parents_limit_names_the_file_that_filled_it() {
         "{m}"
     );
     assert!(m["path"].as_str().unwrap().ends_with("/ctr"), "{m}");
+    // The kernel's own OOM line names the parent as the cgroup that fired.
+    let k = &f["kernel_oom"];
+    assert_eq!(k["constraint"], "CONSTRAINT_MEMCG", "{f}");
+    assert_eq!(k["oom_memcg"], m["limit_path"], "{f}");
+    assert_eq!(k["pid"], f["pid"], "{f}");
     // The file that filled it is the failure's file.
     assert_eq!(f["path"], "/dev/shm/big", "{f}");
     assert_eq!(f["mount"]["mountpoint"], "/dev/shm", "{f}");

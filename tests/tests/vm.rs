@@ -280,6 +280,7 @@ fn debian_6_1_with_cgroup_v2_only() {
         "the pod's slice holds the limit: {m}"
     );
     assert!(m["oom_kills"].as_u64() >= Some(1), "memory.events: {m}");
+    assert_eq!(f["kernel_oom"]["oom_memcg"], m["limit_path"], "{f}");
     assert_eq!(f["path"], "/dev/shm/big", "{f}");
     let c = &f["charged_files"][0];
     assert_eq!(c["path"], "/dev/shm/big", "{f}");

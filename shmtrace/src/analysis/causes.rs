@@ -318,8 +318,19 @@ fn oom_words(f: &Failure, m: &Memcg, shmem_rss: u64) -> (String, String) {
             "the node ran out of memory: count /dev/shm against the pods' memory requests and limits, or cap /dev/shm (an emptyDir sizeLimit, --shm-size)".into(),
         );
     };
-    let fired = match m.oom_kills {
-        Some(n) if n > 0 => format!(
+    // Which limit fired: the kernel's own line says it, else memory.events.
+    let fired = match (&f.kernel_oom, m.oom_kills) {
+        (Some(k), _) => match &k.oom_memcg {
+            Some(c) if c == m.limiting() => {
+                format!(" (the kernel's OOM line names {c}: this limit fired)")
+            }
+            Some(c) => format!(" (but the kernel's OOM line names {c} as the cgroup at its limit)"),
+            None => format!(
+                " (but the kernel's OOM line says {}: the node's memory ran out, not this limit)",
+                k.constraint
+            ),
+        },
+        (None, Some(n)) if n > 0 => format!(
             " (its memory.events counts {n} OOM kill{} there: this limit fired)",
             if n == 1 { "" } else { "s" }
         ),
@@ -614,6 +625,25 @@ mod tests {
             c.contains("the /dev/shm files charged to it: /dev/shm/big 46.7 MiB (named: it keeps its charge after the kill)"),
             "{c}"
         );
+        // The kernel's own line, when it could be read, says which fired.
+        let mut k = f.clone();
+        k.kernel_oom = Some(crate::host::kmsg::OomLine {
+            constraint: "CONSTRAINT_MEMCG".into(),
+            oom_memcg: Some(pod.into()),
+            task_memcg: Some(scope.clone()),
+            task: "dd".into(),
+            pid: 20,
+        });
+        assert!(
+            cause(&k).contains(&format!(
+                "(the kernel's OOM line names {pod}: this limit fired)"
+            )),
+            "{}",
+            cause(&k)
+        );
+        k.kernel_oom.as_mut().unwrap().oom_memcg = None;
+        k.kernel_oom.as_mut().unwrap().constraint = "CONSTRAINT_NONE".into();
+        assert!(cause(&k).contains("says CONSTRAINT_NONE: the node's memory ran out"));
         let fix = fix(&f).unwrap();
         assert!(
             fix.starts_with(&format!(

@@ -211,6 +211,16 @@ fn oom_and_cuda() -> State {
             ..Default::default()
         },
     );
+    host.oom_lines.insert(
+        51,
+        crate::host::kmsg::OomLine {
+            constraint: "CONSTRAINT_MEMCG".into(),
+            oom_memcg: Some(pod.into()),
+            task_memcg: Some(format!("{pod}/0123")),
+            task: "worker_51".into(),
+            pid: 51,
+        },
+    );
     let create = |s: &mut crate::state::tests::Stream, pid, ino, name: &str, bytes: u64| {
         let f = file(ino, name, bytes as i64, bytes, 12288);
         vec![

@@ -39,6 +39,7 @@ pub struct Fixture {
     pub memcgs: HashMap<u32, (u8, String)>,
     /// (version, path) -> what the memory cgroup reads now.
     pub memcg_stats: HashMap<(u8, String), Memcg>,
+    pub oom_lines: HashMap<u32, super::kmsg::OomLine>,
     /// cgroup path -> the container's and pod's names.
     pub container_names: HashMap<String, Names>,
     /// Reads that stalled, as the real host counts them.
@@ -213,6 +214,9 @@ impl Host for Fixture {
     }
     fn memcg_of(&self, pid: u32) -> Option<(u8, String)> {
         self.memcgs.get(&pid).cloned()
+    }
+    fn kernel_oom(&mut self, pid: u32) -> Option<super::kmsg::OomLine> {
+        self.oom_lines.get(&pid).cloned()
     }
     fn memcg_at(&self, version: u8, path: &str) -> Option<Memcg> {
         self.memcg_stats.get(&(version, path.to_string())).cloned()

@@ -8,6 +8,7 @@ pub mod blocking;
 pub mod cgroup;
 #[cfg(test)]
 pub mod fixture;
+pub mod kmsg;
 pub mod listing;
 pub mod memcg;
 pub mod mountinfo;
@@ -153,6 +154,11 @@ pub trait Host {
     }
     /// A memory cgroup's limit, usage and shmem now (at a failure).
     fn memcg_at(&self, _version: u8, _path: &str) -> Option<memcg::Memcg> {
+        None
+    }
+    /// The kernel's own OOM line about `pid` (/dev/kmsg), when it can be
+    /// read: the memory cgroup whose limit fired.
+    fn kernel_oom(&mut self, _pid: u32) -> Option<kmsg::OomLine> {
         None
     }
     /// A container's and pod's names (kubelet's logs, the runtime's state).

@@ -27,6 +27,8 @@ pub struct ProcHost {
     last_walk: Option<Instant>,
     /// Reads that may block run here, with a timeout.
     io: Blocking,
+    /// The kernel log from shmtrace's start, for OOM kills.
+    kmsg: super::kmsg::Kmsg,
 }
 
 impl Default for ProcHost {
@@ -45,6 +47,7 @@ impl ProcHost {
             cgroup_ids: HashMap::new(),
             last_walk: None,
             io: Blocking::new(),
+            kmsg: super::kmsg::Kmsg::open(),
         }
     }
 }
@@ -223,6 +226,10 @@ impl Host for ProcHost {
                 move || super::memcg::locate(Path::new("/"), pid),
             )
             .flatten()
+    }
+
+    fn kernel_oom(&mut self, pid: u32) -> Option<super::kmsg::OomLine> {
+        self.kmsg.oom_line(pid)
     }
 
     fn memcg_at(&self, version: u8, path: &str) -> Option<super::memcg::Memcg> {

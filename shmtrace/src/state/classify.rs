@@ -304,6 +304,7 @@ impl State {
         let mut f = self.base_failure(FailureKind::OomKill, h, *victim, *victim);
         f.bytes = (*shmem_rss > 0).then_some(*shmem_rss);
         // Read now: the victim is on its way out.
+        f.kernel_oom = host.kernel_oom(*victim);
         f.memcg = self.memcg_now(host, *victim);
         if f.memcg.as_ref().is_none_or(|m| m.path == "/") {
             // Gone already (it shows the root): the cgroup its events came

@@ -310,6 +310,9 @@ pub struct Failure {
     /// limit (the victim's, or its pod's) had allocated, largest first
     /// (at most [`MAX_CHARGED`]); `path` and `mount` are the largest's.
     pub charged_files: Vec<ChargedFile>,
+    /// For an OOM kill: the kernel's own OOM line (/dev/kmsg), naming the
+    /// memory cgroup whose limit fired; null where the log cannot be read.
+    pub kernel_oom: Option<crate::host::kmsg::OomLine>,
     pub mount: Option<MountAtFailure>,
     /// Its parents up to the traced root (or pid 1).
     pub ancestry: Vec<Ancestor>,
