@@ -257,6 +257,29 @@ fn reserve(rb: &RingBuf, kind: EventKind, ts_ns: u64) -> Option<RingBufEntry<Eve
     Some(entry)
 }
 
+/// bpf_ringbuf_submit/query flags.
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// Past this much unread data the events ring wakes its reader anyway.
+const WAKE_PAST: u64 = 1 << 20;
+
+/// Submits an everyday event (fork, exec, exit) without waking the reader:
+/// every process start on the node sends three, and a wakeup each put the
+/// agent through a context switch per event. The agent drains the ring on
+/// its own every 100-200 ms; a ring filling up wakes it at once, and so
+/// does any tmpfs event or failure (their reads of /proc must happen while
+/// the process lives).
+#[inline(always)]
+pub fn submit_quiet(e: RingBufEntry<Event>) {
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKE_PAST {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    e.submit(flags);
+}
+
 /// The event behind a reserved entry.
 #[inline(always)]
 pub fn body(entry: &mut RingBufEntry<Event>) -> &mut Event {

@@ -48,7 +48,7 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> u32 {
         && let Some(mut e) = emit::start(Ring::Events, EventKind::Fork)
     {
         emit::body(&mut e).args[0] = pid as u64;
-        e.submit(0);
+        emit::submit_quiet(e);
     }
     0
 }
@@ -73,7 +73,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         let _ = unsafe { bpf_probe_read_kernel_str_bytes(name as *const u8, &mut ev.path) };
     }
     ev.args[0] = kernel::read::<u32>(base, off!(tp_exec_old_pid)).unwrap_or(0) as u64;
-    e.submit(0);
+    emit::submit_quiet(e);
     0
 }
 
@@ -100,7 +100,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         let ev = emit::body(&mut e);
         ev.ret = code as i64;
         ev.args[0] = 1;
-        e.submit(0);
+        emit::submit_quiet(e);
     }
     // The process is gone: its entries go with it (bounded maps).
     let _ = TRACED.remove(tgid);

@@ -326,6 +326,12 @@ impl Files {
         self.fd_index.retain(|_, key| files.contains_key(key));
     }
 
+    /// Whether `pid` is known to hold a tmpfs fd (inherited ones
+    /// included): only then is its exec worth a rescan of its fds.
+    pub fn holds_fds(&self, pid: u32) -> bool {
+        self.fd_index.keys().any(|(p, _)| *p == pid)
+    }
+
     pub fn want_rescan(&mut self, pid: u32) {
         self.rescan.insert(pid);
     }

@@ -211,6 +211,14 @@ impl State {
         self.procs.adopted(p);
     }
 
+    /// `pid`'s command line from /proc, once per program it runs, for a
+    /// process worth it (it touched a tmpfs, failed, or holds bytes).
+    pub(super) fn read_cmdline(&mut self, host: &mut dyn Host, pid: u32) {
+        if self.procs.get(pid).is_some_and(|p| !p.cmdline_read) {
+            self.procs.cmdline_read(pid, host.cmdline(pid));
+        }
+    }
+
     /// Live processes that hold or map a tmpfs file now.
     pub fn shm_users(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
@@ -272,14 +280,19 @@ impl State {
                 self.containers.inherit(h.pid, *child);
             }
             Event::Exec { h, filename, .. } => {
+                // Every process start on the node comes here: nothing is
+                // read from /proc. The event has the program, pids, cgroup
+                // and namespace; the command line, mounts and container are
+                // read when the process touches a tmpfs, fails or holds
+                // bytes (a tmpfs event on a device not yet known rereads
+                // its namespace's mounts).
                 self.maps.cleared(h.pid);
-                let cmdline = host.cmdline(h.pid).unwrap_or_else(|| filename.clone());
-                self.procs.execed(h.pid, cmdline);
-                // A new program may have changed its mounts (unshare + mount).
-                self.refresh_mounts(host, h.mnt_ns, h.pid);
-                self.files.want_rescan(h.pid);
+                self.procs.execed(h.pid, filename.clone());
+                // Inherited tmpfs fds that were close-on-exec are gone.
+                if self.files.holds_fds(h.pid) {
+                    self.files.want_rescan(h.pid);
+                }
                 self.containers.forget(h.pid);
-                self.container_of_pid(host, h.pid);
             }
             Event::Exit { h, status } => {
                 self.procs.exited(h.pid, h.ts_ns, *status);
@@ -295,10 +308,12 @@ impl State {
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
-                // A writer of tmpfs: where its pages will be charged.
+                // A writer of tmpfs: where its pages will be charged, and
+                // what it runs.
                 if self.procs.get(h.pid).is_some() && !self.procs.has_memcg(h.pid) {
                     self.procs.set_memcg(h.pid, host.memcg_of(h.pid));
                 }
+                self.read_cmdline(host, h.pid);
                 self.files.opened(h.pid, *fd, file.key(), created);
                 if created && let Some(name) = &file.name {
                     self.created_after_missing(h.pid, file.dev, name);
@@ -565,11 +580,17 @@ impl State {
                 continue;
             };
             let (alive, cgid) = (p.alive(), p.cgroup_id);
+            // Only a process with tmpfs bytes is worth a read of /proc (its
+            // cgroup, its command line): the others cost nothing per start.
+            let shown = b.allocated > 0 || b.held > 0 || b.peak_allocated > 0 || p.root;
             self.procs
                 .set_bytes(pid, b.allocated, b.held, (b.peak_allocated, b.peak_held));
+            if shown && alive {
+                self.read_cmdline(host, pid);
+            }
             let container = match self.container_of_id(host, cgid) {
                 Some(c) => Some(c),
-                None if alive => self.container_of_pid(host, pid),
+                None if alive && shown => self.container_of_pid(host, pid),
                 None => self.containers.get(pid).cloned(),
             };
             if let Some(c) = container {

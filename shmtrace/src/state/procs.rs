@@ -21,8 +21,13 @@ pub struct Proc {
     pub ppid: u32,
     /// Its name (the kernel's comm, 15 bytes at most), escaped.
     pub comm: String,
-    /// Command line at its last exec (or when first seen), escaped.
+    /// Command line at its last exec (or when first seen), escaped. Read
+    /// from /proc only for processes that touch a tmpfs, fail or hold
+    /// bytes; until then the program's path from the exec event.
     pub cmdline: Option<String>,
+    /// Whether `cmdline` is the one read from /proc (not the exec path).
+    #[serde(skip)]
+    pub cmdline_read: bool,
     /// Its mount namespace's inode number.
     pub mnt_ns: u32,
     /// Its cgroup v2 id (the kernel's bpf_get_current_cgroup_id).
@@ -68,6 +73,7 @@ impl Proc {
             ppid,
             comm: String::new(),
             cmdline: None,
+            cmdline_read: true,
             mnt_ns: 0,
             cgroup_id: 0,
             memcg: None,
@@ -182,9 +188,22 @@ impl ProcessTree {
         reused
     }
 
-    pub fn execed(&mut self, pid: u32, cmdline: String) {
+    /// `pid` runs a new program: its name from the kernel's event stands
+    /// for its command line until one is worth reading (`cmdline_read`).
+    pub fn execed(&mut self, pid: u32, filename: String) {
         if let Some(p) = self.procs.get_mut(&pid) {
-            p.cmdline = Some(cmdline);
+            p.cmdline = Some(filename);
+            p.cmdline_read = false;
+        }
+    }
+
+    /// The command line was read (or could not be: the program's name stays).
+    pub fn cmdline_read(&mut self, pid: u32, cmdline: Option<String>) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if let Some(c) = cmdline {
+                p.cmdline = Some(c);
+            }
+            p.cmdline_read = true;
         }
     }
 

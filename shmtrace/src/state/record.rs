@@ -80,6 +80,7 @@ impl State {
         if f.memcg.is_none() {
             f.memcg = self.memcg_now(host, f.pid);
         }
+        self.read_cmdline(host, f.pid);
         // Which libraries it runs: evidence of the user when names say
         // little (read while it may still be there; a dead one shows none).
         if f.libraries.is_empty() {

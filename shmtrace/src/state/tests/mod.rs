@@ -349,7 +349,7 @@ fn oom_kill_and_exit_status() {
 }
 
 #[test]
-fn exec_reads_the_command_line_and_delivery_records_the_handler() {
+fn exec_reads_nothing_until_a_tmpfs_is_touched_and_delivery_records_the_handler() {
     let (mut st, mut host, mut s) = setup();
     host.cmdlines.insert(60, "python train.py".into());
     st.apply(
@@ -376,10 +376,28 @@ fn exec_reads_the_command_line_and_delivery_records_the_handler() {
         },
         &mut host,
     );
+    // A process start reads nothing from /proc: the exec event's path.
+    assert_eq!(
+        st.procs.get(60).unwrap().cmdline.as_deref(),
+        Some("/usr/bin/python3")
+    );
+    // Touching a tmpfs makes it worth the read.
+    st.apply(
+        &Event::Opened {
+            h: s.h(60, 1),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: file(300, "seg", 0, 0, 0),
+        },
+        &mut host,
+    );
     assert_eq!(
         st.procs.get(60).unwrap().cmdline.as_deref(),
         Some("python train.py")
     );
+    // One that is gone keeps its program's path.
+    st.read_cmdline(&mut host, 61);
     assert_eq!(
         st.procs.get(61).unwrap().cmdline.as_deref(),
         Some("/bin/gone")
