@@ -420,7 +420,7 @@ impl Tracer {
 
 /// Waits for a line containing `marker` on the child's stdout or stderr,
 /// then keeps draining that pipe so the child never blocks on it.
-fn wait_line(child: &mut Child, stdout: bool, marker: &str) -> Result<()> {
+pub(crate) fn wait_line(child: &mut Child, stdout: bool, marker: &str) -> Result<()> {
     let pipe: Box<dyn std::io::Read + Send> = if stdout {
         Box::new(child.stdout.take().context("stdout")?)
     } else {

@@ -4,10 +4,13 @@
 //!                       eBPF programs for their own target
 //!   cargo xtask bench   overhead as ratios to no tracer and to the kernel's
 //!                       floor, bpftrace beside; attach time, latency,
-//!                       loss onset, RSS (as root)
+//!                       loss onset, RSS; the agent's own CPU idle, per
+//!                       process start and on a steady node (as root;
+//!                       --agent: that last table only)
 //!   cargo xtask soak    node-wide shmtrace under churn: memory and CPU
 //!                       over time (as root)
 
+mod agent;
 mod bench;
 mod soak;
 
@@ -36,6 +39,10 @@ enum Cmd {
         /// (an older build, an alternative design).
         #[arg(long, value_name = "BIN")]
         compare: Option<std::path::PathBuf>,
+        /// Only the agent's own CPU: idle, per process start, on a steady
+        /// node (a minute, not the whole table).
+        #[arg(long)]
+        agent: bool,
     },
     /// Node-wide shmtrace under process, file, namespace and SIGBUS churn:
     /// RSS and CPU over time, and the budget they set.
@@ -87,8 +94,23 @@ fn release_shmtrace(root: &std::path::Path, what: &str) -> Result<std::path::Pat
 fn main() -> Result<()> {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     match Cli::parse().cmd {
-        Cmd::Bench { rounds, compare } => {
-            bench::run(std::path::Path::new(root), bench::Opts { rounds, compare })?
+        Cmd::Bench {
+            rounds,
+            compare,
+            agent,
+        } => {
+            let root = std::path::Path::new(root);
+            if !agent {
+                bench::run(
+                    root,
+                    bench::Opts {
+                        rounds,
+                        compare: compare.clone(),
+                    },
+                )?;
+            }
+            let bin = release_shmtrace(root, "the benchmark")?;
+            agent::run(&bin, compare.as_deref())?
         }
         Cmd::Soak { minutes, every } => soak::run(std::path::Path::new(root), minutes, every)?,
         Cmd::Lint => {
