@@ -24,6 +24,14 @@ pub const EMFILE: i64 = 24;
 pub const ENFILE: i64 = 23;
 
 /// Value flags in the `TRACED` map (key: tgid).
+/// The holder slots of processes that may hold tracked tmpfs fds, by
+/// `tgid % SLOTS`: 0 none, a tgid that one, `SHARED` several. The close
+/// program tests them first; user space sets them for fds it finds.
+pub mod holders {
+    pub const SLOTS: u32 = 1 << 16;
+    pub const SHARED: u32 = u32::MAX;
+}
+
 pub mod traced {
     /// Report this process's events.
     pub const REPORT: u32 = 1;

@@ -47,7 +47,7 @@ fn returned(ctx: &RetProbeContext, call: u64) -> u32 {
         let ev = emit::body(&mut e);
         ev.ret = code as i64;
         ev.args[0] = call;
-        e.submit(0);
+        emit::submit_now(e);
     }
     0
 }

@@ -14,7 +14,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use shmtrace_common::{Budget, Event, EventKind, lost, rate, traced};
+use shmtrace_common::{Budget, Event, EventKind, holders, lost, rate, traced};
 
 use crate::kernel;
 
@@ -39,8 +39,8 @@ pub static TMPFS_FDS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(262144,
 /// where a hash lookup is a call, and most processes never open tmpfs.
 #[map]
 static HOLDERS: Array<u32> = Array::with_max_entries(HOLDER_SLOTS, 0);
-const HOLDER_SLOTS: u32 = 1 << 16;
-const SHARED: u32 = u32::MAX;
+const HOLDER_SLOTS: u32 = holders::SLOTS;
+const SHARED: u32 = holders::SHARED;
 
 /// Marks `tgid` as holding tmpfs fds. Two CPUs marking two processes of
 /// one slot at once can leave one tgid instead of `SHARED`: a close of the
@@ -257,6 +257,11 @@ fn reserve(rb: &RingBuf, kind: EventKind, ts_ns: u64) -> Option<RingBufEntry<Eve
     Some(entry)
 }
 
+/// Mount namespaces user space has anchored: the fork, exec and exit of
+/// their processes need not wake it. LRU: bounded whatever runs.
+#[map]
+static KNOWN_NS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
+
 /// bpf_ringbuf_submit/query flags.
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -268,16 +273,34 @@ const WAKE_PAST: u64 = 1 << 20;
 /// every process start on the node sends three, and a wakeup each put the
 /// agent through a context switch per event. The agent drains the ring on
 /// its own every 100-200 ms; a ring filling up wakes it at once, and so
-/// does any tmpfs event or failure (their reads of /proc must happen while
-/// the process lives).
+/// does any tmpfs event or failure (`submit_now`: their reads of /proc
+/// must happen while the process lives).
+///
+/// Only node-wide: a traced job's few processes wake it as before, and so
+/// does a process of a mount namespace user space has not anchored yet
+/// (it must be anchored while one of its processes lives).
 #[inline(always)]
-pub fn submit_quiet(e: RingBufEntry<Event>) {
-    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA) > WAKE_PAST {
+pub fn submit_quiet(mut e: RingBufEntry<Event>) {
+    let ns = body(&mut e).mnt_ns;
+    // SAFETY: only presence is tested; no reference is kept.
+    let known = unsafe { KNOWN_NS.get(ns) }.is_some();
+    let flags = if !kernel::all_processes() || !known || EVENTS.query(BPF_RB_AVAIL_DATA) > WAKE_PAST
+    {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
     };
     e.submit(flags);
+}
+
+/// Submits a record that user space must see at once: a failure, or a
+/// tmpfs event whose /proc reads (memory cgroup, command line, namespace
+/// anchor) must happen while its process lives. Forced: the kernel wakes
+/// the reader on a plain submit only when every earlier record was read,
+/// and quiet fork/exec/exit records before it may not have been.
+#[inline(always)]
+pub fn submit_now(e: RingBufEntry<Event>) {
+    e.submit(BPF_RB_FORCE_WAKEUP);
 }
 
 /// The event behind a reserved entry.

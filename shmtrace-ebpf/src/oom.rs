@@ -22,7 +22,7 @@ pub fn oom_mark_victim(ctx: TracePointContext) -> u32 {
         let ev = emit::body(&mut e);
         ev.args[0] = pid as u64;
         ev.args[1] = kernel::read::<u64>(base, off!(tp_victim_shmem_rss)).unwrap_or(0);
-        e.submit(0);
+        emit::submit_now(e);
     }
     0
 }

@@ -78,7 +78,7 @@ pub fn signal_generate(ctx: RawTracePointContext) -> u32 {
     ev.args[3] = tgid as u64;
     ev.args[4] = kernel::task_pid(task) as u64;
     ev.args[5] = (result & 0xffff_ffff) | (group & 0xffff_ffff) << 32;
-    e.submit(0);
+    emit::submit_now(e);
     0
 }
 
@@ -112,7 +112,7 @@ pub fn signal_deliver(ctx: TracePointContext) -> u32 {
         ev.args[0] = sig as u64;
         ev.args[1] = code as i64 as u64;
         ev.args[2] = kernel::read::<u64>(base, off!(tp_deliver_handler)).unwrap_or(0);
-        e.submit(0);
+        emit::submit_now(e);
     }
     0
 }

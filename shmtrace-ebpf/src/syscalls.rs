@@ -72,7 +72,8 @@ pub fn sys_exit_recv(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// dup, dup2, dup3, fcntl: copies of tmpfs fds.
+/// dup, dup2, dup3: copies of tmpfs fds (fcntl's F_DUPFD is left to user
+/// space's fd rescan: hooking fcntl would cost every fcntl on the node).
 #[tracepoint]
 pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
     let (nr, ret) = exit_record(&ctx);
@@ -82,20 +83,11 @@ pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
     0
 }
 
-const F_DUPFD: u64 = 0;
-const F_DUPFD_CLOEXEC: u64 = 1030;
-
 /// A tmpfs fd duplicated (`dd of=/dev/shm/x` and `> /dev/shm/x` open fd 3,
 /// dup2 it to 1, close 3 and write through 1): the new fd holds the file
 /// too. A dup2/dup3 onto a tmpfs fd closes that one.
 #[inline(always)]
 fn on_dup(regs: u64, nr: u32, newfd: i64) {
-    if nr == nr!(fcntl) {
-        let cmd = arg(regs, 1);
-        if cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC {
-            return;
-        }
-    }
     let tgid = tgid();
     // Neither fd can be a tracked tmpfs fd of a process that holds none.
     if !emit::may_hold(tgid) {
@@ -115,7 +107,7 @@ fn on_dup(regs: u64, nr: u32, newfd: i64) {
                 let ev = emit::body(&mut e);
                 ev.syscall = nr!(close);
                 ev.args[0] = newfd as u64;
-                e.submit(0);
+                emit::submit_now(e);
             }
         }
         return;
@@ -135,7 +127,7 @@ fn on_dup(regs: u64, nr: u32, newfd: i64) {
     ev.ret = newfd;
     ev.args[0] = arg(regs, 0);
     kernel::fill_file_info(&mut ev.file, file, inode);
-    e.submit(0);
+    emit::submit_now(e);
 }
 
 /// fds that arrive over a unix socket (how PyTorch passes its segments):
@@ -159,7 +151,7 @@ fn on_recvmsg(regs: u64) {
         let ev = emit::body(&mut e);
         ev.syscall = nr!(recvmsg);
         ev.args[0] = controllen;
-        e.submit(0);
+        emit::submit_now(e);
     }
 }
 
@@ -204,7 +196,7 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
         ev.args[i] = arg(regs, i);
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
-    e.submit(0);
+    emit::submit_now(e);
 }
 
 /// ...and closes of those fds.
@@ -222,7 +214,7 @@ fn on_close(regs: u64) {
         let ev = emit::body(&mut e);
         ev.syscall = nr!(close);
         ev.args[0] = fd;
-        e.submit(0);
+        emit::submit_now(e);
     }
 }
 
@@ -333,7 +325,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         // the destination's length.
         let _ = unsafe { bpf_probe_read_user_str_bytes(p as *const u8, &mut ev.path) };
     }
-    e.submit(0);
+    emit::submit_now(e);
 }
 
 #[inline(always)]
@@ -364,7 +356,7 @@ fn on_mmap(regs: u64, addr: i64) {
     kernel::fill_file_info(&mut ev.file, file, inode);
     // Where it is mounted, for a namespace gone before user space reads it.
     kernel::fill_mountpoint(&mut ev.path, file);
-    e.submit(0);
+    emit::submit_now(e);
 }
 
 /// Sizes of mapped tmpfs files: tells a fault past the end of a file (not
@@ -387,7 +379,7 @@ fn on_truncate(regs: u64) {
     ev.args[0] = arg(regs, 0);
     ev.args[1] = arg(regs, 1);
     kernel::fill_file_info(&mut ev.file, file, inode);
-    e.submit(0);
+    emit::submit_now(e);
 }
 
 #[inline(always)]
@@ -412,5 +404,5 @@ fn on_unmap_or_remap(regs: u64, nr: u32, ret: i64) {
     ev.args[0] = arg(regs, 0);
     ev.args[1] = arg(regs, 1);
     ev.args[2] = arg(regs, 2);
-    e.submit(0);
+    emit::submit_now(e);
 }

@@ -170,9 +170,14 @@ fn churn_of_processes_with_long_command_lines_keeps_memory_bounded() {
     // Its first tick done: the state of the node as it was.
     report_until(&report, "a first report", |r| r["processes"].is_array());
     let before = rss_kib(tracer.id());
-    // A process that lives long enough to be read, with a 64 KiB argument.
+    // A process that lives long enough to be read, with a 64 KiB argument;
+    // it opens a tmpfs file (only then is a command line worth reading).
     let mut long = Command::new("sh")
-        .args(["-c", "sleep 120", "sh"])
+        .args([
+            "-c",
+            "exec 3>/dev/shm/shmtrace-long-$$ && rm -f /dev/shm/shmtrace-long-$$ && sleep 120",
+            "sh",
+        ])
         .arg("x".repeat(64 << 10))
         .spawn()
         .unwrap();

@@ -400,8 +400,8 @@ fn sys_exit_recv_reports_control_data_of_traced_processes() {
 fn sys_exit_dups_reports_copies_of_tmpfs_fds_only() {
     with_tmpfs("prog-dups", "1m", |mnt| {
         // sys_exit_files marks the creator a holder; sys_exit_dups then
-        // reports its copies of that fd, not of others.
-        with_programs(&["sys_exit_files", "sys_exit_dups"], 21, |t| {
+        // reports its dup/dup2/dup3 copies of that fd, not of others.
+        with_programs(&["sys_exit_files", "sys_exit_dups"], 20, |t| {
             let script = format!(
                 "import os, fcntl\nfd = os.open('{}/seg', os.O_CREAT | os.O_RDWR)\n\
                  other = os.open('/proc/self/stat', os.O_RDONLY)\n\
@@ -426,14 +426,12 @@ fn sys_exit_dups_reports_copies_of_tmpfs_fds_only() {
                     })
                     .collect()
             };
-            let evs = collect(t, "two dups of the tmpfs fd", |evs| dups(evs).len() >= 2);
-            let mut got = dups(&evs);
-            got.sort();
-            // dup2 onto 50 and F_DUPFD from 60: the copy of /proc/self/stat
-            // and F_GETFL are none.
-            assert_eq!(got.len(), 2, "{got:?}");
-            assert_eq!(got[0], 50);
-            assert!(got[1] >= 60, "{got:?}");
+            let evs = collect(t, "the dup2 of the tmpfs fd", |evs| !dups(evs).is_empty());
+            // dup2 onto 50 only: the copy of /proc/self/stat is none, and
+            // fcntl is not hooked (F_DUPFD copies are found by user space's
+            // fd rescan after a reported close: every fcntl on the node
+            // would pay for the hook).
+            assert_eq!(dups(&evs), vec![50]);
         })
     });
 }

@@ -95,14 +95,12 @@ pub const HOOKS: &[Hook] = &[
     tp(
         "sys_exit_dups",
         "syscalls",
-        &[
-            "sys_exit_dup",
-            "sys_exit_dup2",
-            "sys_exit_dup3",
-            "sys_exit_fcntl",
-        ],
+        // fcntl is not hooked: every fcntl on the node (F_GETFL, F_SETFD...)
+        // would pay the kernel's dispatch for F_DUPFD alone, which the fd
+        // rescan after a reported close finds (DESIGN.md, "Overhead").
+        &["sys_exit_dup", "sys_exit_dup2", "sys_exit_dup3"],
         true,
-        "copies of tmpfs fds",
+        "copies of tmpfs fds by dup, dup2, dup3",
     ),
     tp(
         "sys_exit_unlink",

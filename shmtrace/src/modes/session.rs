@@ -91,9 +91,13 @@ impl Session {
             l
         });
         let mut host = ProcHost::new();
+        let mut state = State::new(start_ns, &mut host);
+        if all_processes {
+            state.read_lazily_at_exec();
+        }
         Ok(Self {
             tracer,
-            state: State::new(start_ns, &mut host),
+            state,
             host,
             events_out,
             outputs,
@@ -159,6 +163,19 @@ impl Session {
             }
             self.state.apply(&ev, &mut self.host);
         }
+        self.sync_found_fds();
+    }
+
+    /// tmpfs fds that rescans found (not opened under the kernel's eyes):
+    /// the kernel side reports their closes from now on.
+    fn sync_found_fds(&mut self) {
+        for (pid, fd) in self.state.take_found_fds() {
+            self.tracer.mark_tmpfs_fd(pid, fd);
+        }
+        // Namespaces anchored by now: their execs need not wake us.
+        let mut known = self.host.anchored();
+        known.push(self.host.self_ns());
+        self.tracer.mark_known_namespaces(&known);
     }
 
     /// Waits for events (or `tick`) and applies them; once a second,
@@ -178,6 +195,7 @@ impl Session {
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
             self.state.tick(&mut self.host);
+            self.sync_found_fds();
             self.find_cuda();
             let quiet = self.outputs.incident_quiet.as_nanos() as u64;
             self.state

@@ -19,6 +19,8 @@ use crate::{
 
 /// Files tracked at most. Beyond it, files nobody holds go first (counted).
 pub const MAX_FILES: usize = 16384;
+/// Found fds handed to the kernel side per tick at most.
+pub const MAX_FOUND: usize = 4096;
 
 /// Where to stat a file from: a holder's fd, else a holder's mapping.
 pub enum Via {
@@ -109,6 +111,12 @@ pub struct Files {
     /// who created files of 1 MiB or more (what a DataLoader's batches look like).
     segments: Segments,
     rescan: BTreeSet<u32>,
+    /// tmpfs fds rescans found, for the kernel's table of fds whose closes
+    /// it reports (copies it did not see made: fcntl F_DUPFD is not hooked,
+    /// fds inherited at fork, fds held before tracing began).
+    /// Past [`MAX_FOUND`] a tick, the rest are not handed on: their closes
+    /// are then learned from the next rescan or the exit, as before tracing.
+    found_fds: Vec<(u32, i32)>,
     /// Files let go over the cap, nobody holding them.
     dropped: u64,
 }
@@ -212,6 +220,14 @@ impl Files {
         }
     }
 
+    /// A close the kernel reported: the process may keep a copy it made
+    /// unseen (fcntl F_DUPFD then close, as shells move redirections), so
+    /// its fds are listed on the next tick.
+    pub fn close_reported(&mut self, pid: u32, fd: i32) {
+        self.closed(pid, fd);
+        self.rescan.insert(pid);
+    }
+
     /// Everything `pid` held by fd is gone (exit).
     pub fn gone(&mut self, pid: u32) {
         let fds: Vec<(u32, i32)> = self
@@ -234,6 +250,11 @@ impl Files {
             .filter(|(k, _)| k.0 == parent)
             .map(|(k, v)| (k.1, *v))
             .collect();
+        // A child of a process holding no tmpfs fd holds none either: no
+        // rescan (every fork on the node comes here).
+        if inherited.is_empty() {
+            return;
+        }
         for (fd, key) in inherited {
             self.opened(child, fd, key, false);
         }
@@ -326,6 +347,12 @@ impl Files {
         self.fd_index.retain(|_, key| files.contains_key(key));
     }
 
+    /// The tmpfs fds rescans found since the last call, for the kernel
+    /// side (their closes are then reported).
+    pub fn take_found_fds(&mut self) -> Vec<(u32, i32)> {
+        std::mem::take(&mut self.found_fds)
+    }
+
     /// Whether `pid` is known to hold a tmpfs fd (inherited ones
     /// included): only then is its exec worth a rescan of its fds.
     pub fn holds_fds(&self, pid: u32) -> bool {
@@ -404,6 +431,9 @@ impl Files {
         }
         for e in found {
             let key = (e.stat.dev, e.stat.ino);
+            if self.found_fds.len() < MAX_FOUND {
+                self.found_fds.push((pid, e.fd));
+            }
             self.opened(pid, e.fd, key, false);
             let f = self.files.get_mut(&key).expect("just opened");
             if f.name.is_none() {

@@ -12,6 +12,9 @@ use crate::{
     host::Host,
 };
 
+/// (namespace, device) rereads remembered at most (then forgotten at once).
+const MAX_REREADS: usize = 4096;
+
 impl State {
     /// "/dev/shm/name" from a device and the kernel's name for the file.
     pub(super) fn file_path(
@@ -121,6 +124,32 @@ impl State {
 
     /// Makes sure device `dev` is in some mount table, reading them if not.
     pub(super) fn ensure_mount(&mut self, host: &mut dyn Host, dev: Dev, ns: u32, pid: u32) {
+        // Known to the host, but not yet in the table of the namespace this
+        // process is in: that table was read before the mount (a container
+        // is anchored at its first process, before its runtime mounts its
+        // /dev/shm; node-wide, execs reread nothing). Read it once more,
+        // once per namespace and device.
+        if self.mounts.by_dev(dev).is_some()
+            && self.mounts.visible_in(ns, dev).is_none()
+            && host.anchor_of(ns).is_some()
+            && self.ns_dev_reread.insert((ns, dev))
+        {
+            if self.ns_dev_reread.len() > MAX_REREADS {
+                self.ns_dev_reread.clear();
+            }
+            self.refresh_mounts(host, ns, pid);
+        }
+        // The host's own table, read at start, may predate the mount (a
+        // runtime mounts a container's /dev/shm on the host too): reread
+        // once per device, for the host's name of it.
+        let self_ns = host.self_ns();
+        if ns != self_ns
+            && self.mounts.visible_in(self_ns, dev).is_none()
+            && self.ns_dev_reread.insert((self_ns, dev))
+        {
+            let me = host.self_pid();
+            self.refresh_mounts(host, self_ns, me);
+        }
         if self.mounts.by_dev(dev).is_some() || self.mounts.is_unmounted(dev) {
             return;
         }

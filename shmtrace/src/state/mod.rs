@@ -46,11 +46,23 @@ use self::{
     procs::{Proc, ProcessTree},
 };
 
+/// Namespaces remembered as seen (then forgotten at once: a reread more).
+const MAX_NS_EXECS: usize = 4096;
+
 pub struct State {
     /// CLOCK_MONOTONIC when shmtrace started (times are shown after it).
     start_ns: u64,
     /// shmtrace's own mount namespace: the host's view.
     self_ns: u32,
+    /// Node-wide: an exec reads nothing (every process start on the node
+    /// comes here). Tracing a job: its few execs read what they used to
+    /// (command line, mounts, container) while the process surely lives.
+    lazy_exec: bool,
+    /// (namespace, device) whose mount table was reread because the device
+    /// was missing from it (see `ensure_mount`).
+    ns_dev_reread: std::collections::HashSet<(u32, Dev)>,
+    /// Namespaces whose first exec was seen (node-wide).
+    ns_first_exec: std::collections::HashSet<u32>,
     procs: ProcessTree,
     maps: MappingTable,
     mounts: MountTables,
@@ -82,6 +94,9 @@ impl State {
         let mut s = Self {
             start_ns,
             self_ns: host.self_ns(),
+            lazy_exec: false,
+            ns_dev_reread: Default::default(),
+            ns_first_exec: Default::default(),
             procs: ProcessTree::default(),
             maps: MappingTable::default(),
             mounts: MountTables::default(),
@@ -126,6 +141,11 @@ impl State {
     /// shmtrace's own mount namespace: what the host sees.
     pub fn self_ns(&self) -> u32 {
         self.self_ns
+    }
+
+    /// Node-wide: execs read nothing from /proc (see [`State::apply`]).
+    pub fn read_lazily_at_exec(&mut self) {
+        self.lazy_exec = true;
     }
 
     /// The processes seen, live and recently exited.
@@ -219,6 +239,12 @@ impl State {
         }
     }
 
+    /// tmpfs fds rescans found since the last call (for the kernel's fd
+    /// table).
+    pub fn take_found_fds(&mut self) -> Vec<(u32, i32)> {
+        self.files.take_found_fds()
+    }
+
     /// Live processes that hold or map a tmpfs file now.
     pub fn shm_users(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
@@ -280,19 +306,38 @@ impl State {
                 self.containers.inherit(h.pid, *child);
             }
             Event::Exec { h, filename, .. } => {
-                // Every process start on the node comes here: nothing is
-                // read from /proc. The event has the program, pids, cgroup
-                // and namespace; the command line, mounts and container are
-                // read when the process touches a tmpfs, fails or holds
-                // bytes (a tmpfs event on a device not yet known rereads
-                // its namespace's mounts).
                 self.maps.cleared(h.pid);
                 self.procs.execed(h.pid, filename.clone());
-                // Inherited tmpfs fds that were close-on-exec are gone.
-                if self.files.holds_fds(h.pid) {
-                    self.files.want_rescan(h.pid);
-                }
                 self.containers.forget(h.pid);
+                if self.lazy_exec {
+                    // Node-wide, every process start comes here: nothing is
+                    // read from /proc. The event has the program, pids,
+                    // cgroup and namespace; the command line, mounts and
+                    // container are read when the process touches a tmpfs,
+                    // fails or holds bytes (a tmpfs event on a device not
+                    // yet known rereads its namespace's mounts).
+                    // Inherited tmpfs fds that were close-on-exec are gone.
+                    if self.files.holds_fds(h.pid) {
+                        self.files.want_rescan(h.pid);
+                    }
+                    // A container's first program runs after its runtime
+                    // mounted its /dev/shm and pivoted: its namespace's
+                    // table is read again then, once.
+                    if h.mnt_ns != self.self_ns && self.ns_first_exec.insert(h.mnt_ns) {
+                        if self.ns_first_exec.len() > MAX_NS_EXECS {
+                            self.ns_first_exec.clear();
+                        }
+                        self.refresh_mounts(host, h.mnt_ns, h.pid);
+                    }
+                } else {
+                    // A traced job's exec: read now, while it surely lives
+                    // (a job may be done in milliseconds).
+                    self.read_cmdline(host, h.pid);
+                    // A new program may have changed its mounts.
+                    self.refresh_mounts(host, h.mnt_ns, h.pid);
+                    self.files.want_rescan(h.pid);
+                    self.container_of_pid(host, h.pid);
+                }
             }
             Event::Exit { h, status } => {
                 self.procs.exited(h.pid, h.ts_ns, *status);
@@ -326,7 +371,7 @@ impl State {
                 self.saw_file(h, what, file);
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
             }
-            Event::Closed { h, fd } => self.files.closed(h.pid, *fd),
+            Event::Closed { h, fd } => self.files.close_reported(h.pid, *fd),
             Event::Unlinked {
                 h, path, dir_dev, ..
             } => self.on_unlink(host, h, path, *dir_dev),

@@ -351,6 +351,8 @@ fn oom_kill_and_exit_status() {
 #[test]
 fn exec_reads_nothing_until_a_tmpfs_is_touched_and_delivery_records_the_handler() {
     let (mut st, mut host, mut s) = setup();
+    // Node-wide (a traced job's exec reads at once: the next test).
+    st.read_lazily_at_exec();
     host.cmdlines.insert(60, "python train.py".into());
     st.apply(
         &Event::Exec {
@@ -403,6 +405,24 @@ fn exec_reads_nothing_until_a_tmpfs_is_touched_and_delivery_records_the_handler(
         Some("/bin/gone")
     );
     assert!(st.procs.get(60).unwrap().sigbus_handler_ran);
+}
+
+#[test]
+fn a_traced_jobs_exec_reads_its_command_line_at_once() {
+    let (mut st, mut host, mut s) = setup();
+    host.cmdlines.insert(60, "python train.py".into());
+    st.apply(
+        &Event::Exec {
+            h: s.h(60, 1),
+            filename: "/usr/bin/python3".into(),
+            old_pid: 60,
+        },
+        &mut host,
+    );
+    assert_eq!(
+        st.procs.get(60).unwrap().cmdline.as_deref(),
+        Some("python train.py")
+    );
 }
 
 /// A DataLoader's events: main 10 forks workers 11, 12, 13; 13 and 11 map
