@@ -80,6 +80,30 @@ impl serde::Serialize for Syscall {
 }
 
 impl Syscall {
+    /// Every syscall reported on, in declaration order.
+    pub const ALL: [Self; 20] = [
+        Self::Write,
+        Self::Pwrite64,
+        Self::Writev,
+        Self::Pwritev,
+        Self::Pwritev2,
+        Self::Fallocate,
+        Self::Ftruncate,
+        Self::Open,
+        Self::Openat,
+        Self::Openat2,
+        Self::Creat,
+        Self::Mmap,
+        Self::Mremap,
+        Self::Munmap,
+        Self::Close,
+        Self::Recvmsg,
+        Self::Dup,
+        Self::Sendfile,
+        Self::Splice,
+        Self::CopyFileRange,
+    ];
+
     pub fn is_open(self) -> bool {
         matches!(
             self,
@@ -389,6 +413,13 @@ impl serde::Serialize for CudaCall {
 }
 
 impl CudaCall {
+    pub const ALL: [Self; 4] = [
+        Self::GetMemHandle,
+        Self::OpenMemHandle,
+        Self::DriverGetMemHandle,
+        Self::DriverOpenMemHandle,
+    ];
+
     pub fn from_wire(v: u64) -> Option<Self> {
         use shmtrace_common::cuda;
         Some(match v {

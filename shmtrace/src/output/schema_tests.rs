@@ -61,42 +61,12 @@ impl JsonSchema for ErrnoName {
     }
 }
 
-const SYSCALLS: &[Syscall] = &[
-    Syscall::Write,
-    Syscall::Pwrite64,
-    Syscall::Writev,
-    Syscall::Pwritev,
-    Syscall::Pwritev2,
-    Syscall::Fallocate,
-    Syscall::Ftruncate,
-    Syscall::Open,
-    Syscall::Openat,
-    Syscall::Openat2,
-    Syscall::Creat,
-    Syscall::Mmap,
-    Syscall::Mremap,
-    Syscall::Munmap,
-    Syscall::Close,
-    Syscall::Recvmsg,
-    Syscall::Dup,
-    Syscall::Sendfile,
-    Syscall::Splice,
-    Syscall::CopyFileRange,
-];
-
-const CUDA_CALLS: &[CudaCall] = &[
-    CudaCall::GetMemHandle,
-    CudaCall::OpenMemHandle,
-    CudaCall::DriverGetMemHandle,
-    CudaCall::DriverOpenMemHandle,
-];
-
 impl JsonSchema for Syscall {
     fn schema_name() -> Cow<'static, str> {
         "Syscall".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        let v: Vec<&str> = SYSCALLS.iter().map(|s| s.name()).collect();
+        let v: Vec<&str> = Syscall::ALL.iter().map(|s| s.name()).collect();
         names("A syscall by name.", &v)
     }
 }
@@ -106,7 +76,7 @@ impl JsonSchema for CudaCall {
         "CudaCall".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        let v: Vec<&str> = CUDA_CALLS.iter().map(|s| s.name()).collect();
+        let v: Vec<&str> = CudaCall::ALL.iter().map(|s| s.name()).collect();
         names("A CUDA IPC call by name (runtime or driver API).", &v)
     }
 }
@@ -116,10 +86,10 @@ impl JsonSchema for Op {
         "Op".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        let v: Vec<&str> = SYSCALLS
+        let v: Vec<&str> = Syscall::ALL
             .iter()
             .map(|s| s.name())
-            .chain(CUDA_CALLS.iter().map(|c| c.name()))
+            .chain(CudaCall::ALL.iter().map(|c| c.name()))
             .collect();
         names(
             "The call that failed: a syscall, or a CUDA IPC function, by name.",
@@ -133,25 +103,7 @@ impl JsonSchema for FailureKind {
         "FailureKind".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        use FailureKind::*;
-        let v: Vec<&str> = [
-            Sigbus,
-            Enospc,
-            Edquot,
-            Efbig,
-            Enomem,
-            Emfile,
-            Enfile,
-            Enoent,
-            Error,
-            MmapError,
-            MremapError,
-            OomKill,
-            CudaIpc,
-        ]
-        .iter()
-        .map(|k| k.name())
-        .collect();
+        let v: Vec<&str> = FailureKind::ALL.iter().map(|k| k.name()).collect();
         names(
             "What failed, by family: a SIGBUS on a tmpfs page, the errno of a failed call (error: another errno), an mmap or mremap refused, an OOM kill, a CUDA IPC error.",
             &v,
@@ -164,31 +116,7 @@ impl JsonSchema for Reason {
         "Reason".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        use Reason::*;
-        let v: Vec<&str> = [
-            TmpfsFull,
-            TmpfsInodes,
-            Quota,
-            AddressSpaceLimit,
-            MapCountLimit,
-            OutOfMemory,
-            MemcgLimit,
-            OomKill,
-            Noexec,
-            Sealed,
-            PermissionDenied,
-            FileSizeLimit,
-            FdLimit,
-            SystemFdLimit,
-            InvalidArgument,
-            HardwareError,
-            CudaIpc,
-            SegmentGone,
-            Other,
-        ]
-        .iter()
-        .map(|r| r.name())
-        .collect();
+        let v: Vec<&str> = Reason::ALL.iter().map(|r| r.name()).collect();
         names(
             "The cause by name: only tmpfs_full and tmpfs_inodes mean /dev/shm ran out; the others have fixes of their own.",
             &v,
@@ -201,11 +129,7 @@ impl JsonSchema for NotShm {
         "NotShm".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        use NotShm::*;
-        let v: Vec<&str> = [RaisedBySelf, SentByOther, NotTmpfsMapping, PastEnd]
-            .iter()
-            .map(|r| r.words())
-            .collect();
+        let v: Vec<&str> = NotShm::ALL.iter().map(|r| r.words()).collect();
         names("Why a SIGBUS was no shared-memory failure, in words.", &v)
     }
 }

@@ -61,6 +61,29 @@ impl Serialize for Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order (the report schema's values).
+    pub const ALL: [Self; 19] = [
+        Self::TmpfsFull,
+        Self::TmpfsInodes,
+        Self::Quota,
+        Self::AddressSpaceLimit,
+        Self::MapCountLimit,
+        Self::OutOfMemory,
+        Self::MemcgLimit,
+        Self::OomKill,
+        Self::Noexec,
+        Self::Sealed,
+        Self::PermissionDenied,
+        Self::FileSizeLimit,
+        Self::FdLimit,
+        Self::SystemFdLimit,
+        Self::InvalidArgument,
+        Self::HardwareError,
+        Self::CudaIpc,
+        Self::SegmentGone,
+        Self::Other,
+    ];
+
     /// The stable name: in the report, metrics labels and signatures.
     pub fn name(self) -> &'static str {
         match self {

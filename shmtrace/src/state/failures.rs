@@ -37,6 +37,23 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// Every kind, in declaration order (the report schema's values).
+    pub const ALL: [Self; 13] = [
+        Self::Sigbus,
+        Self::Enospc,
+        Self::Edquot,
+        Self::Efbig,
+        Self::Enomem,
+        Self::Emfile,
+        Self::Enfile,
+        Self::Enoent,
+        Self::Error,
+        Self::MmapError,
+        Self::MremapError,
+        Self::OomKill,
+        Self::CudaIpc,
+    ];
+
     /// The JSON name: "sigbus", "enospc", "mmap_error", "oom_kill"...
     pub fn name(self) -> &'static str {
         match self {
@@ -140,6 +157,13 @@ pub enum NotShm {
 }
 
 impl NotShm {
+    pub const ALL: [Self; 4] = [
+        Self::RaisedBySelf,
+        Self::SentByOther,
+        Self::NotTmpfsMapping,
+        Self::PastEnd,
+    ];
+
     pub fn words(self) -> &'static str {
         match self {
             Self::RaisedBySelf => "raised by the process itself (a handler re-raising it)",
