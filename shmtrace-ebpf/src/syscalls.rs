@@ -72,64 +72,6 @@ pub fn sys_exit_recv(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// dup, dup2, dup3: copies of tmpfs fds (fcntl's F_DUPFD is left to user
-/// space's fd rescan: hooking fcntl would cost every fcntl on the node).
-#[tracepoint]
-pub fn sys_exit_dups(ctx: TracePointContext) -> u32 {
-    let (nr, ret) = exit_record(&ctx);
-    if ret >= 0 {
-        on_dup(user_regs(), nr, ret);
-    }
-    0
-}
-
-/// A tmpfs fd duplicated (`dd of=/dev/shm/x` and `> /dev/shm/x` open fd 3,
-/// dup2 it to 1, close 3 and write through 1): the new fd holds the file
-/// too. A dup2/dup3 onto a tmpfs fd closes that one.
-#[inline(always)]
-fn on_dup(regs: u64, nr: u32, newfd: i64) {
-    let tgid = tgid();
-    // Neither fd can be a tracked tmpfs fd of a process that holds none.
-    if !emit::may_hold(tgid) {
-        return;
-    }
-    let old = (tgid as u64) << 32 | arg(regs, 0) & 0xffff_ffff;
-    let new = (tgid as u64) << 32 | newfd as u64 & 0xffff_ffff;
-    if old == new {
-        return;
-    }
-    // SAFETY: only presence is tested; no reference is kept.
-    if unsafe { TMPFS_FDS.get(old) }.is_none() {
-        // SAFETY: as above.
-        if unsafe { TMPFS_FDS.get(new) }.is_some() {
-            let _ = TMPFS_FDS.remove(new);
-            if let Some(mut e) = emit::start(Ring::Events, EventKind::Close) {
-                let ev = emit::body(&mut e);
-                ev.syscall = nr!(close);
-                ev.args[0] = newfd as u64;
-                emit::submit_now(e);
-            }
-        }
-        return;
-    }
-    let file = kernel::fd_file(newfd as u64);
-    let inode = kernel::tmpfs_inode(file);
-    if inode == 0 {
-        return;
-    }
-    let _ = TMPFS_FDS.insert(new, 1, 0);
-    emit::mark_holder(tgid);
-    let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
-        return;
-    };
-    let ev = emit::body(&mut e);
-    ev.syscall = nr;
-    ev.ret = newfd;
-    ev.args[0] = arg(regs, 0);
-    kernel::fill_file_info(&mut ev.file, file, inode);
-    emit::submit_now(e);
-}
-
 /// fds that arrive over a unix socket (how PyTorch passes its segments):
 /// only a recvmsg that returned control data (msg_controllen > 0 after the
 /// call) can carry SCM_RIGHTS, so only those are reported.

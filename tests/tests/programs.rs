@@ -396,46 +396,6 @@ fn sys_exit_recv_reports_control_data_of_traced_processes() {
     });
 }
 
-#[test]
-fn sys_exit_dups_reports_copies_of_tmpfs_fds_only() {
-    with_tmpfs("prog-dups", "1m", |mnt| {
-        // sys_exit_files marks the creator a holder; sys_exit_dups then
-        // reports its dup/dup2/dup3 copies of that fd, not of others.
-        with_programs(&["sys_exit_files", "sys_exit_dups"], 20, |t| {
-            let script = format!(
-                "import os, fcntl\nfd = os.open('{}/seg', os.O_CREAT | os.O_RDWR)\n\
-                 other = os.open('/proc/self/stat', os.O_RDONLY)\n\
-                 os.dup(other)\nos.dup2(fd, 50)\nfcntl.fcntl(fd, fcntl.F_DUPFD, 60)\n\
-                 fcntl.fcntl(fd, fcntl.F_GETFL)",
-                mnt.display()
-            );
-            let mut child = waiting_shell(&format!("exec /usr/bin/python3 -c \"{script}\""));
-            let pid = child.id();
-            t.trace(pid, traced::REPORT).unwrap();
-            go(&mut child);
-            assert!(child.wait().unwrap().success());
-            let dups = |evs: &[Event]| -> Vec<i32> {
-                evs.iter()
-                    .filter_map(|e| match e {
-                        Event::Opened { h, fd, syscall, .. }
-                            if h.pid == pid && *syscall == Syscall::Dup =>
-                        {
-                            Some(*fd)
-                        }
-                        _ => None,
-                    })
-                    .collect()
-            };
-            let evs = collect(t, "the dup2 of the tmpfs fd", |evs| !dups(evs).is_empty());
-            // dup2 onto 50 only: the copy of /proc/self/stat is none, and
-            // fcntl is not hooked (F_DUPFD copies are found by user space's
-            // fd rescan after a reported close: every fcntl on the node
-            // would pay for the hook).
-            assert_eq!(dups(&evs), vec![50]);
-        })
-    });
-}
-
 /// The CUDA IPC uretprobes on the real CUDA runtime PyPI's PyTorch ships:
 /// without a GPU each call returns a real error code, captured as is. (The
 /// driver's cuIpc* probes need libcuda, which only a GPU node's driver

@@ -51,7 +51,10 @@ const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static 
 
 /// The hooks. Syscalls: classic per-syscall exit tracepoints of only the
 /// calls that matter, so that every other syscall (read, futex, epoll...)
-/// runs no program (see DESIGN.md, "Overhead").
+/// runs no program (see DESIGN.md, "Overhead"). dup, dup2, dup3 and fcntl
+/// are not hooked: every such call on the node would pay the kernel's
+/// dispatch for the rare copy of a tmpfs fd, which user space's fd rescan
+/// finds after the close a shell or `dd of=` makes of the original.
 pub const HOOKS: &[Hook] = &[
     tp(
         "sys_exit_files",
@@ -91,16 +94,6 @@ pub const HOOKS: &[Hook] = &[
         &["sys_exit_recvmsg"],
         true,
         "tmpfs fds passed over unix sockets",
-    ),
-    tp(
-        "sys_exit_dups",
-        "syscalls",
-        // fcntl is not hooked: every fcntl on the node (F_GETFL, F_SETFD...)
-        // would pay the kernel's dispatch for F_DUPFD alone, which the fd
-        // rescan after a reported close finds (DESIGN.md, "Overhead").
-        &["sys_exit_dup", "sys_exit_dup2", "sys_exit_dup3"],
-        true,
-        "copies of tmpfs fds by dup, dup2, dup3",
     ),
     tp(
         "sys_exit_unlink",
