@@ -67,6 +67,12 @@ impl State {
         // Shown as the failing process sees it; measured where the path
         // and the namespace agree (the host's view, or the process's).
         let self_ns = host.self_ns();
+        // A failure is rare: the host's name for a container's mount is
+        // worth a fresh read of the host's table when it lacks the device.
+        if ns != self_ns && self.mounts.visible_in(self_ns, dev).is_none() {
+            let me = host.self_pid();
+            self.refresh_mounts(host, self_ns, me);
+        }
         let shown = self
             .mounts
             .view(dev, Some(ns), self_ns)
@@ -124,16 +130,13 @@ impl State {
 
     /// Makes sure device `dev` is in some mount table, reading them if not.
     pub(super) fn ensure_mount(&mut self, host: &mut dyn Host, dev: Dev, ns: u32, pid: u32) {
-        // Known to the host, but not yet in the table of the namespace this
-        // process is in: that table was read before the mount (a container
-        // is anchored at its first process, before its runtime mounts its
-        // /dev/shm; node-wide, execs reread nothing). Read it once more,
-        // once per namespace and device.
-        if self.mounts.by_dev(dev).is_some()
-            && self.mounts.visible_in(ns, dev).is_none()
-            && host.anchor_of(ns).is_some()
-            && self.ns_dev_reread.insert((ns, dev))
-        {
+        // The first event on a device from a namespace: that namespace's
+        // table may predate the mount (a container is anchored at its first
+        // process, before its runtime bind-mounts its /dev/shm over a copy
+        // of the host's table; node-wide, execs reread nothing). A process
+        // there reached the device, so the mount is there now: read the
+        // table once more, once per namespace and device.
+        if ns != 0 && self.mounts.by_dev(dev).is_some() && self.ns_dev_reread.insert((ns, dev)) {
             if self.ns_dev_reread.len() > MAX_REREADS {
                 self.ns_dev_reread.clear();
             }
