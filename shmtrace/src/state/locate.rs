@@ -67,9 +67,11 @@ impl State {
         // Shown as the failing process sees it; measured where the path
         // and the namespace agree (the host's view, or the process's).
         let self_ns = host.self_ns();
-        // A failure is rare: the host's name for a container's mount is
-        // worth a fresh read of the host's table when it lacks the device.
-        if ns != self_ns && self.mounts.visible_in(self_ns, dev).is_none() {
+        // The first failure on a mount is rare and worth a fresh read of
+        // the host's table for the host's name of a container's mount:
+        // device numbers of tmpfs mounts are reused as soon as one goes, so
+        // an entry read earlier may be another container's.
+        if ns != self_ns && self.failures.is_first_on(dev) {
             let me = host.self_pid();
             self.refresh_mounts(host, self_ns, me);
         }
