@@ -563,11 +563,6 @@ mod tests {
         let r = Report::build(
             &st,
             Context {
-                mode: "run",
-                node: false,
-                command: None,
-                target_pid: None,
-                duration_s: 1.0,
                 counters: crate::capture::Counters {
                     lost: crate::capture::Losses {
                         failures_ring: 2,
@@ -575,9 +570,7 @@ mod tests {
                     },
                     ..Default::default()
                 },
-                host_stalls: Default::default(),
-                exit: None,
-                notes: Vec::new(),
+                ..ctx()
             },
         );
         let text = super::render(&r);
