@@ -24,14 +24,6 @@ pub const EMFILE: i64 = 24;
 pub const ENFILE: i64 = 23;
 
 /// Value flags in the `TRACED` map (key: tgid).
-/// The holder slots of processes that may hold tracked tmpfs fds, by
-/// `tgid % SLOTS`: 0 none, a tgid that one, `SHARED` several. The close
-/// program tests them first; user space sets them for fds it finds.
-pub mod holders {
-    pub const SLOTS: u32 = 1 << 16;
-    pub const SHARED: u32 = u32::MAX;
-}
-
 pub mod traced {
     /// Report this process's events.
     pub const REPORT: u32 = 1;
@@ -118,8 +110,8 @@ pub enum EventKind {
     /// A traced process opened a tmpfs file. `ret` = the new fd, `args` =
     /// the syscall's arguments, `file` = the file, `path` = the user path.
     Open = 12,
-    /// A traced process closed a tmpfs fd it had opened. `args[0]` = fd.
-    Close = 13,
+    // 13 was Close: closes are no longer hooked (user space checks the
+    // fds it tracks once a second).
     /// A traced process received file descriptors (SCM_RIGHTS) with
     /// recvmsg: user space looks at its fds. `args[0]` = control bytes.
     RecvFds = 14,
@@ -161,7 +153,6 @@ impl EventKind {
             10 => Self::OomVictim,
             11 => Self::Truncate,
             12 => Self::Open,
-            13 => Self::Close,
             14 => Self::RecvFds,
             15 => Self::CudaIpc,
             16 => Self::Unlink,
@@ -289,7 +280,7 @@ const _: () = {
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 57 * 4);
-    assert!(size_of::<SyscallNrs>() == 25 * 4);
+    assert!(size_of::<SyscallNrs>() == 20 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
 };
@@ -402,12 +393,7 @@ pub struct SyscallNrs {
     pub mmap: u32,
     pub mremap: u32,
     pub munmap: u32,
-    pub close: u32,
     pub recvmsg: u32,
-    pub dup: u32,
-    pub dup2: u32,
-    pub dup3: u32,
-    pub fcntl: u32,
     pub sendfile: u32,
     pub splice: u32,
     pub copy_file_range: u32,

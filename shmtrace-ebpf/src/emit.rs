@@ -12,9 +12,9 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
     },
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use shmtrace_common::{Budget, Event, EventKind, holders, lost, rate, traced};
+use shmtrace_common::{Budget, Event, EventKind, lost, rate, traced};
 
 use crate::kernel;
 
@@ -27,60 +27,6 @@ pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 /// sent with that tmpfs's usage at the fault.
 #[map]
 pub static SHM_MAPPED: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);
-
-/// (tgid << 32 | fd) of tmpfs fds opened by traced processes: their closes
-/// matter. LRU: entries of processes that exit are evicted, not leaked.
-#[map]
-pub static TMPFS_FDS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(262144, 0);
-
-/// Which processes may hold a fd in `TMPFS_FDS`, by `tgid % HOLDER_SLOTS`:
-/// 0 none, a tgid that one, `SHARED` several. Every close on the node
-/// tests this first; an array lookup is inlined by the verifier (no call),
-/// where a hash lookup is a call, and most processes never open tmpfs.
-#[map]
-static HOLDERS: Array<u32> = Array::with_max_entries(HOLDER_SLOTS, 0);
-const HOLDER_SLOTS: u32 = holders::SLOTS;
-const SHARED: u32 = holders::SHARED;
-
-/// Marks `tgid` as holding tmpfs fds. Two CPUs marking two processes of
-/// one slot at once can leave one tgid instead of `SHARED`: a close of the
-/// other then goes unseen, and user space's fd rescan corrects its holders.
-#[inline(always)]
-pub fn mark_holder(tgid: u32) {
-    if let Some(p) = HOLDERS.get_ptr_mut(tgid % HOLDER_SLOTS) {
-        // SAFETY: a map value pointer valid for this program's run.
-        unsafe {
-            let v = *p;
-            if v == 0 {
-                *p = tgid;
-            } else if v != tgid {
-                *p = SHARED;
-            }
-        }
-    }
-}
-
-/// Whether `tgid` may hold tmpfs fds (false: its closes need no lookup).
-#[inline(always)]
-pub fn may_hold(tgid: u32) -> bool {
-    match HOLDERS.get(tgid % HOLDER_SLOTS) {
-        Some(&v) => v == tgid || v == SHARED,
-        None => true,
-    }
-}
-
-/// `tgid` exited: its slot is free again (a shared slot stays shared).
-#[inline(always)]
-pub fn forget_holder(tgid: u32) {
-    if let Some(p) = HOLDERS.get_ptr_mut(tgid % HOLDER_SLOTS) {
-        // SAFETY: as in `mark_holder`.
-        unsafe {
-            if *p == tgid {
-                *p = 0;
-            }
-        }
-    }
-}
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

@@ -90,8 +90,6 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if !group_dead {
         return 0;
     }
-    // Whether traced or not: the slot is for whoever gets this tgid next.
-    emit::forget_holder(tgid);
     if !emit::is_traced(tgid) {
         return 0;
     }

@@ -1,8 +1,10 @@
 //! Syscall exits: failures of writes (write, pwrite, writev, pwritev2,
 //! sendfile, splice, copy_file_range), fallocate, ftruncate, mmap, mremap
 //! and opens on tmpfs, and the ordinary calls that attribution needs (tmpfs
-//! opens with O_CREAT and their closes, mmap/munmap/mremap of processes that
-//! map tmpfs, ftruncate, recvmsg with control data, dups of tmpfs fds).
+//! opens with O_CREAT, mmap/munmap/mremap of processes that map tmpfs,
+//! ftruncate, recvmsg with control data). close, dup and fcntl are not
+//! hooked: every process on the node would pay for them, and user space's
+//! check of each tracked fd once a second sees what they did.
 
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, bpf_probe_read_user_str_bytes},
@@ -12,7 +14,7 @@ use aya_ebpf::{
 use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOENT, ENOMEM, ENOSPC, EventKind};
 
 use crate::{
-    emit::{self, Ring, SHM_MAPPED, TMPFS_FDS},
+    emit::{self, Ring, SHM_MAPPED},
     kernel::{self, nr, off},
     sysexit::{arg, exit_record, is_shm_path, tgid, user_regs},
 };
@@ -47,17 +49,6 @@ pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
         on_unmap_or_remap(user_regs(), nr, ret);
     } else if nr == nr!(ftruncate) {
         on_truncate(user_regs());
-    }
-    0
-}
-
-/// close: of tmpfs fds only. Whatever it returns the fd is gone (Linux
-/// releases it even on EINTR/EIO), and an unknown fd is not in the map.
-/// First test: whether the process ever held one (no call, no hash).
-#[tracepoint]
-pub fn sys_exit_close(_ctx: TracePointContext) -> u32 {
-    if emit::may_hold(tgid()) {
-        on_close(user_regs());
     }
     0
 }
@@ -97,7 +88,7 @@ fn on_recvmsg(regs: u64) {
     }
 }
 
-/// Who holds tmpfs files by fd: opens of tmpfs files...
+/// Who holds tmpfs files by fd: creations of tmpfs files.
 #[inline(always)]
 fn on_open(regs: u64, nr: u32, fd: i64) {
     // Only creations: files opened without O_CREAT (a consumer opening a
@@ -125,9 +116,6 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
     if inode == 0 {
         return;
     }
-    let key = (tgid as u64) << 32 | fd as u64 & 0xffff_ffff;
-    let _ = TMPFS_FDS.insert(key, 1, 0);
-    emit::mark_holder(tgid);
     let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
         return;
     };
@@ -139,25 +127,6 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
     emit::submit_now(e);
-}
-
-/// ...and closes of those fds.
-#[inline(always)]
-fn on_close(regs: u64) {
-    let tgid = tgid();
-    let fd = arg(regs, 0);
-    let key = (tgid as u64) << 32 | fd & 0xffff_ffff;
-    // SAFETY: only presence is tested; no reference is kept.
-    if unsafe { TMPFS_FDS.get(key) }.is_none() {
-        return;
-    }
-    let _ = TMPFS_FDS.remove(key);
-    if let Some(mut e) = emit::start(Ring::Events, EventKind::Close) {
-        let ev = emit::body(&mut e);
-        ev.syscall = nr!(close);
-        ev.args[0] = fd;
-        emit::submit_now(e);
-    }
 }
 
 #[inline(always)]

@@ -64,10 +64,7 @@ pub enum Syscall {
     Mmap,
     Mremap,
     Munmap,
-    Close,
     Recvmsg,
-    /// dup, dup2, dup3, fcntl(F_DUPFD, F_DUPFD_CLOEXEC): a second fd.
-    Dup,
     Sendfile,
     Splice,
     CopyFileRange,
@@ -81,7 +78,7 @@ impl serde::Serialize for Syscall {
 
 impl Syscall {
     /// Every syscall reported on, in declaration order.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 18] = [
         Self::Write,
         Self::Pwrite64,
         Self::Writev,
@@ -96,9 +93,7 @@ impl Syscall {
         Self::Mmap,
         Self::Mremap,
         Self::Munmap,
-        Self::Close,
         Self::Recvmsg,
-        Self::Dup,
         Self::Sendfile,
         Self::Splice,
         Self::CopyFileRange,
@@ -127,9 +122,7 @@ impl Syscall {
             Self::Mmap => "mmap",
             Self::Mremap => "mremap",
             Self::Munmap => "munmap",
-            Self::Close => "close",
             Self::Recvmsg => "recvmsg",
-            Self::Dup => "dup",
             Self::Sendfile => "sendfile",
             Self::Splice => "splice",
             Self::CopyFileRange => "copy_file_range",
@@ -369,11 +362,6 @@ pub enum Event {
         flags: u64,
         file: FileRef,
     },
-    /// A traced process closed a tmpfs fd it had opened.
-    Closed {
-        h: Header,
-        fd: i32,
-    },
     /// A recvmsg returned control data: it may have received fds.
     FdsReceived {
         h: Header,
@@ -492,7 +480,6 @@ impl Event {
             | Self::OomVictim { h, .. }
             | Self::Truncated { h, .. }
             | Self::Opened { h, .. }
-            | Self::Closed { h, .. }
             | Self::FdsReceived { h, .. }
             | Self::Unlinked { h, .. }
             | Self::CudaIpcFailed { h, .. } => h,
@@ -514,7 +501,6 @@ impl Event {
             Self::OomVictim { .. } => "oom_victim",
             Self::Truncated { .. } => "ftruncate",
             Self::Opened { .. } => "open",
-            Self::Closed { .. } => "close",
             Self::FdsReceived { .. } => "recvmsg_fds",
             Self::Unlinked { .. } => "unlink",
             Self::CudaIpcFailed { .. } => "cuda_ipc_error",
@@ -628,8 +614,12 @@ mod tests {
         };
         assert_eq!((opened.name(), opened.header().pid), ("open", 5));
         assert_eq!(opened.file().map(FileRef::key), Some((Dev(40), 7)));
-        let closed = Event::Closed { h, fd: 3 };
-        assert_eq!((closed.name(), closed.file()), ("close", None));
+        let unmapped = Event::Unmapped {
+            h,
+            addr: Addr(4096),
+            len: 4096,
+        };
+        assert_eq!((unmapped.name(), unmapped.file()), ("munmap", None));
         let failed = FailedCall::Mremap {
             old_addr: Addr(0),
             old_len: 1,

@@ -435,7 +435,7 @@ fn the_design_note_names_every_file_and_program() {
         }
     }
     // Every program was found (a change of attribute style would hide them).
-    assert!(programs >= 16, "only {programs} eBPF programs found");
+    assert!(programs >= 15, "only {programs} eBPF programs found");
     assert!(missing.is_empty(), "DESIGN.md does not name: {missing:#?}");
 }
 

@@ -271,47 +271,6 @@ fn oom_mark_victim_reports_the_victim_and_its_shmem() {
     let _ = std::fs::remove_dir(&cg);
 }
 
-#[test]
-fn sys_exit_close_reports_closes_of_the_tmpfs_files_a_process_created() {
-    with_tmpfs("sys-exit-close", "1m", |mnt| {
-        // sys_exit_files sees the creation (and marks the process a
-        // holder); sys_exit_close only reports fds it knows.
-        with_programs(&["sys_exit_files", "sys_exit_close"], 18, |t| {
-            let script = format!(
-                "import os\nfd = os.open('{}/seg', os.O_CREAT | os.O_RDWR)\nprint(fd, flush=True)\n\
-                 os.close(os.open('/proc/self/stat', os.O_RDONLY))\nos.close(fd)",
-                mnt.display()
-            );
-            let mut child = waiting_shell(&format!("exec /usr/bin/python3 -c \"{script}\""));
-            let pid = child.id();
-            t.trace(pid, traced::REPORT).unwrap();
-            go(&mut child);
-            assert!(child.wait().unwrap().success());
-            let ours = |e: &Event| e.header().pid == pid;
-            let evs = collect(t, "open and close of the tmpfs file", |evs| {
-                evs.iter()
-                    .any(|e| ours(e) && matches!(e, Event::Closed { .. }))
-            });
-            let fd = evs
-                .iter()
-                .find_map(|e| match e {
-                    Event::Opened { h, fd, .. } if h.pid == pid => Some(*fd),
-                    _ => None,
-                })
-                .expect("the creation is reported");
-            let closed: Vec<i32> = evs
-                .iter()
-                .filter_map(|e| match e {
-                    Event::Closed { h, fd } if h.pid == pid => Some(*fd),
-                    _ => None,
-                })
-                .collect();
-            // Only the tmpfs fd: the close of /proc/self/stat is not one.
-            assert_eq!(closed, vec![fd]);
-        })
-    });
-}
-
 /// A private tmpfs at `dir/shm` for `f`, unmounted after it (even on failure).
 fn with_tmpfs(name: &str, size: &str, f: impl FnOnce(&std::path::Path) + std::panic::UnwindSafe) {
     let dir = scratch(name);

@@ -251,6 +251,11 @@ fn oom_and_cuda() -> State {
     ];
     evs.extend(create(&mut s, 52, 71, "cache", 2 * MIB));
     evs.extend(create(&mut s, 51, 70, "big", 46 * MIB));
+    // Their fds as /proc lists them (the victim's go with it).
+    for (pid, ino, bytes) in [(52, 71, 2 * MIB), (51, 70, 46 * MIB)] {
+        host.file(SHM, ino, bytes as i64, bytes, 1);
+        host.open_fd(pid, 3, SHM, ino);
+    }
     evs.extend([
         Event::OomVictim {
             h: s.h(99, 1),

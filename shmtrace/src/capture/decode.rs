@@ -71,9 +71,7 @@ impl Decoder {
             x if x == n.mmap => Syscall::Mmap,
             x if x == n.mremap => Syscall::Mremap,
             x if x == n.munmap => Syscall::Munmap,
-            x if x == n.close => Syscall::Close,
             x if x == n.recvmsg => Syscall::Recvmsg,
-            x if x == n.dup || x == n.dup2 || x == n.dup3 || x == n.fcntl => Syscall::Dup,
             x if x == n.sendfile => Syscall::Sendfile,
             x if x == n.splice => Syscall::Splice,
             x if x == n.copy_file_range => Syscall::CopyFileRange,
@@ -179,8 +177,6 @@ impl Decoder {
                 let flags = match syscall {
                     Syscall::Openat => a[2],
                     Syscall::Creat => O_CREAT,
-                    // A duplicate holds the file; it creates nothing.
-                    Syscall::Dup => 0,
                     _ => a[1],
                 };
                 Event::Opened {
@@ -191,7 +187,6 @@ impl Decoder {
                     file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
                 }
             }
-            EventKind::Close => Event::Closed { h, fd: a[0] as i32 },
             EventKind::RecvFds => Event::FdsReceived {
                 h,
                 control_bytes: a[0],

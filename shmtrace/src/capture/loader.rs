@@ -26,10 +26,6 @@ pub struct Tracer {
     _ebpf: Ebpf,
     traced: HashMap<MapData, u32, u32>,
     shm_mapped: HashMap<MapData, u32, u64>,
-    /// (tgid << 32 | fd) of tmpfs fds whose closes the kernel reports, and
-    /// the holder slots its close program tests first (see emit.rs).
-    tmpfs_fds: HashMap<MapData, u64, u8>,
-    holders: aya::maps::Array<MapData, u32>,
     /// Mount namespaces user space has anchored (see emit::submit_quiet).
     known_ns: HashMap<MapData, u32, u8>,
     known_ns_set: std::collections::BTreeSet<u32>,
@@ -186,8 +182,6 @@ impl Tracer {
 
         let traced = HashMap::try_from(ebpf.take_map("TRACED").context("map TRACED")?)?;
         let shm_mapped = HashMap::try_from(ebpf.take_map("SHM_MAPPED").context("map SHM_MAPPED")?)?;
-        let tmpfs_fds = HashMap::try_from(ebpf.take_map("TMPFS_FDS").context("map TMPFS_FDS")?)?;
-        let holders = aya::maps::Array::try_from(ebpf.take_map("HOLDERS").context("map HOLDERS")?)?;
         let known_ns = HashMap::try_from(ebpf.take_map("KNOWN_NS").context("map KNOWN_NS")?)?;
         let lost = PerCpuArray::try_from(ebpf.take_map("LOST").context("map LOST")?)?;
         let events = readable(RingBuf::try_from(
@@ -205,8 +199,6 @@ impl Tracer {
             _ebpf: ebpf,
             traced,
             shm_mapped,
-            tmpfs_fds,
-            holders,
             known_ns,
             known_ns_set: Default::default(),
             lost,
@@ -306,25 +298,6 @@ impl Tracer {
     pub fn mark_shm_mapped(&mut self, pid: u32) {
         // Superblock unknown (0): unmaps are followed, usage at a fault is not.
         let _ = self.shm_mapped.insert(pid, 0, 0);
-    }
-
-    /// Tells the kernel side that `pid` holds tmpfs fd `fd` (found by a
-    /// rescan, not by an event): its close is reported from now on. The
-    /// holder slot is set as the programs set it (emit::mark_holder).
-    pub fn mark_tmpfs_fd(&mut self, pid: u32, fd: i32) {
-        let _ = self
-            .tmpfs_fds
-            .insert((pid as u64) << 32 | fd as u32 as u64, 1, 0);
-        let slot = pid % shmtrace_common::holders::SLOTS;
-        let now = self.holders.get(&slot, 0).unwrap_or(0);
-        let v = match now {
-            0 => pid,
-            v if v == pid => pid,
-            _ => shmtrace_common::holders::SHARED,
-        };
-        if v != now {
-            let _ = self.holders.set(slot, v, 0);
-        }
     }
 
     /// Mount namespaces whose mounts user space knows: their processes'

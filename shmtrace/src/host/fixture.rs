@@ -101,6 +101,22 @@ impl Fixture {
             },
         );
     }
+
+    /// `pid` has `fd` open on the tmpfs file `ino` (a file stat shows as
+    /// linked and empty until `file` says otherwise), as /proc lists it.
+    pub fn open_fd(&mut self, pid: u32, fd: i32, dev: Dev, ino: u64) {
+        if !self.files.contains_key(&(dev, ino)) {
+            self.file(dev, ino, 0, 0, 1);
+        }
+        let stat = self.files[&(dev, ino)];
+        let fds = self.fds.entry(pid).or_default();
+        fds.retain(|e| e.fd != fd);
+        fds.push(FdEntry {
+            fd,
+            stat,
+            name: None,
+        });
+    }
 }
 
 impl Host for Fixture {

@@ -163,15 +163,11 @@ impl Session {
             }
             self.state.apply(&ev, &mut self.host);
         }
-        self.sync_found_fds();
+        self.sync_namespaces();
     }
 
-    /// tmpfs fds that rescans found (not opened under the kernel's eyes):
-    /// the kernel side reports their closes from now on.
-    fn sync_found_fds(&mut self) {
-        for (pid, fd) in self.state.take_found_fds() {
-            self.tracer.mark_tmpfs_fd(pid, fd);
-        }
+    /// Tells the kernel side which mount namespaces are anchored by now.
+    fn sync_namespaces(&mut self) {
         // Namespaces anchored by now: their execs need not wake us.
         let mut known = self.host.anchored();
         known.push(self.host.self_ns());
@@ -195,7 +191,7 @@ impl Session {
         if self.last_tick.elapsed() >= Duration::from_secs(1) {
             self.last_tick = std::time::Instant::now();
             self.state.tick(&mut self.host);
-            self.sync_found_fds();
+            self.sync_namespaces();
             self.find_cuda();
             let quiet = self.outputs.incident_quiet.as_nanos() as u64;
             self.state

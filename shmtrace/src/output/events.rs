@@ -137,7 +137,6 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
             put("syscall", json!(syscall.name()));
             put("fd", json!(fd));
         }
-        Event::Closed { fd, .. } => put("fd", json!(fd)),
         Event::FdsReceived { control_bytes, .. } => put("control_bytes", json!(control_bytes)),
         Event::Unlinked {
             path,

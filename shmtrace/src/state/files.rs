@@ -2,11 +2,13 @@
 //! with the processes that created them, allocated their pages, and keep
 //! them alive now by an fd or a mapping.
 //!
-//! Events say which files exist and who opens, maps, closes and unmaps
-//! them; once a second the state asks the host to stat only those files
-//! (through a holder) for their allocated blocks, and to list the fds of
-//! processes whose events hint at fds we could not see (fds received over
-//! unix sockets, dup, fork). This component only keeps the books.
+//! Events say which files exist and who creates, maps and unmaps them;
+//! once a second (and at a failure) the state asks the host whether each
+//! fd it tracks still is that file (closes are not hooked), to stat only
+//! those files (through a holder) for their allocated blocks, and to list
+//! the fds of processes whose events hint at fds we could not see (fds
+//! received over unix sockets, a tracked fd gone, which a copy made by dup
+//! or fcntl may outlive, fork). This component only keeps the books.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -19,8 +21,6 @@ use crate::{
 
 /// Files tracked at most. Beyond it, files nobody holds go first (counted).
 pub const MAX_FILES: usize = 16384;
-/// Found fds handed to the kernel side per tick at most.
-pub const MAX_FOUND: usize = 4096;
 
 /// Where to stat a file from: a holder's fd, else a holder's mapping.
 pub enum Via {
@@ -111,12 +111,6 @@ pub struct Files {
     /// who created files of 1 MiB or more (what a DataLoader's batches look like).
     segments: Segments,
     rescan: BTreeSet<u32>,
-    /// tmpfs fds rescans found, for the kernel's table of fds whose closes
-    /// it reports (copies it did not see made: fcntl F_DUPFD is not hooked,
-    /// fds inherited at fork, fds held before tracing began).
-    /// Past [`MAX_FOUND`] a tick, the rest are not handed on: their closes
-    /// are then learned from the next rescan or the exit, as before tracing.
-    found_fds: Vec<(u32, i32)>,
     /// Files let go over the cap, nobody holding them.
     dropped: u64,
 }
@@ -220,12 +214,13 @@ impl Files {
         }
     }
 
-    /// A close the kernel reported: the process may keep a copy it made
-    /// unseen (fcntl F_DUPFD then close, as shells move redirections), so
-    /// its fds are listed on the next tick.
-    pub fn close_reported(&mut self, pid: u32, fd: i32) {
-        self.closed(pid, fd);
-        self.rescan.insert(pid);
+    /// Every tracked fd, with the file it was: closes are not hooked, so
+    /// each is checked once a second and at a failure.
+    pub fn fd_checks(&self) -> Vec<(u32, i32, FileKey)> {
+        self.fd_index
+            .iter()
+            .map(|(&(pid, fd), &key)| (pid, fd, key))
+            .collect()
     }
 
     /// Everything `pid` held by fd is gone (exit).
@@ -347,12 +342,6 @@ impl Files {
         self.fd_index.retain(|_, key| files.contains_key(key));
     }
 
-    /// The tmpfs fds rescans found since the last call, for the kernel
-    /// side (their closes are then reported).
-    pub fn take_found_fds(&mut self) -> Vec<(u32, i32)> {
-        std::mem::take(&mut self.found_fds)
-    }
-
     /// Whether `pid` is known to hold a tmpfs fd (inherited ones
     /// included): only then is its exec worth a rescan of its fds.
     pub fn holds_fds(&self, pid: u32) -> bool {
@@ -431,9 +420,6 @@ impl Files {
         }
         for e in found {
             let key = (e.stat.dev, e.stat.ino);
-            if self.found_fds.len() < MAX_FOUND {
-                self.found_fds.push((pid, e.fd));
-            }
             self.opened(pid, e.fd, key, false);
             let f = self.files.get_mut(&key).expect("just opened");
             if f.name.is_none() {

@@ -25,12 +25,12 @@ mod record;
 pub mod removals;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::{Duration, Instant},
 };
 
 use crate::{
-    event::{Dev, Event, FileRef, Header},
+    event::{Dev, Event, FileKey, FileRef, Header},
     host::{Host, memcg::Memcg},
     units::{human_bytes, page_size},
 };
@@ -239,12 +239,6 @@ impl State {
         }
     }
 
-    /// tmpfs fds rescans found since the last call (for the kernel's fd
-    /// table).
-    pub fn take_found_fds(&mut self) -> Vec<(u32, i32)> {
-        self.files.take_found_fds()
-    }
-
     /// Live processes that hold or map a tmpfs file now.
     pub fn shm_users(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
@@ -345,11 +339,7 @@ impl State {
                 self.files.gone(h.pid);
             }
             Event::Opened {
-                h,
-                fd,
-                flags,
-                file,
-                syscall,
+                h, fd, flags, file, ..
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
@@ -363,15 +353,9 @@ impl State {
                 if created && let Some(name) = &file.name {
                     self.created_after_missing(h.pid, file.dev, name);
                 }
-                let what = if *syscall == crate::event::Syscall::Dup {
-                    "dup"
-                } else {
-                    ev.name()
-                };
-                self.saw_file(h, what, file);
+                self.saw_file(h, ev.name(), file);
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
             }
-            Event::Closed { h, fd } => self.files.close_reported(h.pid, *fd),
             Event::Unlinked {
                 h, path, dir_dev, ..
             } => self.on_unlink(host, h, path, *dir_dev),
@@ -512,9 +496,30 @@ impl State {
         }
     }
 
-    /// Attribution's refresh: fds of flagged processes, then each tracked
-    /// file's allocation through a holder.
+    /// Attribution's refresh: whether each tracked fd is still its file,
+    /// fds of flagged processes, then each tracked file's allocation
+    /// through a holder.
     fn refresh_files(&mut self, host: &mut dyn Host) {
+        // Closes are not hooked (every close on the node would pay for
+        // it): a tracked fd that no longer is its file was closed or
+        // reused since, or its process is gone. Its process's fds are
+        // listed then: that drops the fd if the process lives (finding
+        // any copy it made unseen first, dup or fcntl F_DUPFD then close,
+        // as shells move redirections), and keeps the books of one that
+        // is gone until its exit is applied (an OOM victim is gone by the
+        // time its kill is, and its files are the evidence). The first
+        // stat that finds a file is its measurement.
+        let mut measured: HashSet<FileKey> = HashSet::new();
+        for (pid, fd, key) in self.files.fd_checks() {
+            match host.stat_fd(pid, fd).filter(|st| (st.dev, st.ino) == key) {
+                Some(st) => {
+                    if measured.insert(key) {
+                        self.files.measured(key, Some(st));
+                    }
+                }
+                None => self.files.want_rescan(pid),
+            }
+        }
         for pid in self.files.take_rescans() {
             if let Some(found) = host.fds(pid) {
                 let mounts = &self.mounts;
@@ -525,6 +530,9 @@ impl State {
         }
         self.files.set_map_holders(&self.maps.holders());
         for (key, via) in self.files.stat_plan() {
+            if measured.contains(&key) {
+                continue;
+            }
             let st = via.iter().find_map(|v| match *v {
                 Via::Fd(pid, fd) => host.stat_fd(pid, fd).filter(|st| st.ino == key.1),
                 Via::Map(pid) => host.stat_mapped(pid, key.0, key.1),

@@ -250,7 +250,14 @@ fn failures_carry_their_container_from_the_cgroup_id() {
     assert!(st.failures.all()[0].container.is_none());
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
-    st.apply(&Event::Closed { h, fd: 1 }, &mut host);
+    st.apply(
+        &Event::Unmapped {
+            h,
+            addr: Addr(0x1000),
+            len: 4096,
+        },
+        &mut host,
+    );
     st.tick(&mut host);
     let p = st.procs.get(90).unwrap();
     let c = p.container.as_ref().unwrap();
@@ -288,8 +295,9 @@ fn memfd_devices_in_no_mount_table_are_remembered() {
 #[test]
 fn a_named_file_unlinked_while_nobody_held_it_leaves_the_books() {
     let (mut st, mut host, mut s) = setup();
-    // 20 creates /dev/shm/psm_x, fills it, closes it: nobody holds it, but
-    // its name keeps it (and its pages) alive.
+    // 20 creates /dev/shm/psm_x, fills it, closes it (its fd is gone at
+    // the tick): nobody holds it, but its name keeps it (and its pages)
+    // alive.
     host.file(SHM, 300, MIB as i64, MIB, 1);
     host.names.insert((SHM, "psm_x".into()), 300);
     st.apply(
@@ -302,13 +310,8 @@ fn a_named_file_unlinked_while_nobody_held_it_leaves_the_books() {
         },
         &mut host,
     );
-    st.apply(
-        &Event::Closed {
-            h: s.h(20, 1),
-            fd: 3,
-        },
-        &mut host,
-    );
+    // It lives on with no fd open.
+    host.fds.insert(20, vec![]);
     st.tick(&mut host);
     let f = &st.files.get((SHM, 300)).unwrap();
     assert!(!f.unlinked && f.holders().is_empty());

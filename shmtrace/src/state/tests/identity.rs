@@ -23,6 +23,8 @@ fn memcg(path: &str, limit: u64, usage: u64, shmem: u64) -> Memcg {
 }
 
 fn create(st: &mut State, host: &mut Fixture, s: &mut Stream, pid: u32, ino: u64, allocated: u64) {
+    host.file(SHM, ino, allocated as i64, allocated, 1);
+    host.open_fd(pid, 3, SHM, ino);
     st.apply(
         &Event::Opened {
             h: s.h(pid, 1),
@@ -112,7 +114,14 @@ fn containers_are_named_by_the_host_on_the_tick() {
     );
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
-    st.apply(&Event::Closed { h, fd: 1 }, &mut host);
+    st.apply(
+        &Event::Unmapped {
+            h,
+            addr: Addr(0x1000),
+            len: 4096,
+        },
+        &mut host,
+    );
     // Seen on one tick, named on the next (a few lookups a tick).
     st.tick(&mut host);
     assert!(st.containers.by_cgroup(&path).unwrap().name.is_none());

@@ -92,6 +92,9 @@ pub fn setup() -> (State, Fixture, Stream) {
 /// A trainer (10) with workers 11 and 12; 12 maps an 8 MiB segment at
 /// 0x7f0000000000 and faults on its second page with a full mount.
 pub fn sigbus_stream(st: &mut State, host: &mut Fixture, s: &mut Stream) {
+    // The worker's fd 5 on its segment, as /proc lists it.
+    host.file(SHM, 100, 8 * MIB as i64, 0, 1);
+    host.open_fd(12, 5, SHM, 100);
     let evs = vec![
         Event::Fork {
             h: s.h(10, 1),
