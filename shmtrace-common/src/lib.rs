@@ -96,8 +96,8 @@ pub enum EventKind {
     /// A traced process mapped a tmpfs file. `ret` = address, `args` = mmap's
     /// arguments, `file` = the file.
     Map = 7,
-    /// A traced process unmapped a range. args: [0] address, [1] length.
-    Unmap = 8,
+    // 8 was Unmap: munmap is no longer hooked (user space checks the
+    // mappings it tracks once a second).
     /// A traced process moved or resized a mapping. `ret` = new address,
     /// args: [0] old address, [1] old length, [2] new length.
     Remap = 9,
@@ -148,7 +148,6 @@ impl EventKind {
             5 => Self::SignalDeliver,
             6 => Self::SyscallFail,
             7 => Self::Map,
-            8 => Self::Unmap,
             9 => Self::Remap,
             10 => Self::OomVictim,
             11 => Self::Truncate,
@@ -280,7 +279,7 @@ const _: () = {
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
     assert!(size_of::<KernelOffsets>() == 57 * 4);
-    assert!(size_of::<SyscallNrs>() == 20 * 4);
+    assert!(size_of::<SyscallNrs>() == 19 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
 };
@@ -392,7 +391,6 @@ pub struct SyscallNrs {
     pub creat: u32,
     pub mmap: u32,
     pub mremap: u32,
-    pub munmap: u32,
     pub recvmsg: u32,
     pub sendfile: u32,
     pub splice: u32,

@@ -23,7 +23,7 @@ use crate::kernel;
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(65536, 0);
 
 /// tgids that have (or inherited) a tmpfs mapping -> the superblock of the
-/// last one (0 when unknown). Only their munmaps matter, and a SIGBUS is
+/// last one (0 when unknown). Only their mremaps matter, and a SIGBUS is
 /// sent with that tmpfs's usage at the fault.
 #[map]
 pub static SHM_MAPPED: HashMap<u32, u64> = HashMap::with_max_entries(65536, 0);

@@ -82,7 +82,6 @@ static NRS: SyscallNrs = SyscallNrs {
     creat: M,
     mmap: M,
     mremap: M,
-    munmap: M,
     recvmsg: M,
     sendfile: M,
     splice: M,

@@ -1,10 +1,11 @@
 //! Syscall exits: failures of writes (write, pwrite, writev, pwritev2,
 //! sendfile, splice, copy_file_range), fallocate, ftruncate, mmap, mremap
 //! and opens on tmpfs, and the ordinary calls that attribution needs (tmpfs
-//! opens with O_CREAT, mmap/munmap/mremap of processes that map tmpfs,
-//! ftruncate, recvmsg with control data). close, dup and fcntl are not
-//! hooked: every process on the node would pay for them, and user space's
-//! check of each tracked fd once a second sees what they did.
+//! opens with O_CREAT, mmap and mremap of processes that map tmpfs,
+//! ftruncate, recvmsg with control data). close, dup, fcntl and munmap are
+//! not hooked: every process on the node would pay for them, and user
+//! space's check of each tracked fd and mapping once a second sees what
+//! they did.
 
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, bpf_probe_read_user_str_bytes},
@@ -33,8 +34,8 @@ const O_CREAT: u64 = 0o100;
 /// Writes and allocations (write, pwrite64, writev, pwritev, pwritev2,
 /// fallocate, sendfile64, splice, copy_file_range: only failures matter),
 /// opens (open, openat, openat2, creat: failures, and tmpfs files
-/// created), mmap (every error, and tmpfs mappings), munmap and mremap (of
-/// processes that map tmpfs; mremap errors), ftruncate (sizes of tmpfs
+/// created), mmap (every error, and tmpfs mappings), mremap (of
+/// processes that map tmpfs, and every error), ftruncate (sizes of tmpfs
 /// files).
 #[tracepoint]
 pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
@@ -45,8 +46,8 @@ pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
         on_open(user_regs(), nr, ret);
     } else if nr == nr!(mmap) {
         on_mmap(user_regs(), ret);
-    } else if nr == nr!(munmap) || nr == nr!(mremap) {
-        on_unmap_or_remap(user_regs(), nr, ret);
+    } else if nr == nr!(mremap) {
+        on_remap(user_regs(), ret);
     } else if nr == nr!(ftruncate) {
         on_truncate(user_regs());
     }
@@ -294,23 +295,18 @@ fn on_truncate(regs: u64) {
 }
 
 #[inline(always)]
-fn on_unmap_or_remap(regs: u64, nr: u32, ret: i64) {
+fn on_remap(regs: u64, ret: i64) {
     let tgid = tgid();
     // Only processes that ever mapped tmpfs: Python frees arenas all the time.
     // SAFETY: only presence is tested; no reference is kept.
     if unsafe { SHM_MAPPED.get(tgid) }.is_none() || !emit::is_traced(tgid) {
         return;
     }
-    let kind = if nr == nr!(munmap) {
-        EventKind::Unmap
-    } else {
-        EventKind::Remap
-    };
-    let Some(mut e) = emit::start(Ring::Events, kind) else {
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Remap) else {
         return;
     };
     let ev = emit::body(&mut e);
-    ev.syscall = nr;
+    ev.syscall = nr!(mremap);
     ev.ret = ret;
     ev.args[0] = arg(regs, 0);
     ev.args[1] = arg(regs, 1);

@@ -63,7 +63,6 @@ pub enum Syscall {
     Creat,
     Mmap,
     Mremap,
-    Munmap,
     Recvmsg,
     Sendfile,
     Splice,
@@ -78,7 +77,7 @@ impl serde::Serialize for Syscall {
 
 impl Syscall {
     /// Every syscall reported on, in declaration order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 17] = [
         Self::Write,
         Self::Pwrite64,
         Self::Writev,
@@ -92,7 +91,6 @@ impl Syscall {
         Self::Creat,
         Self::Mmap,
         Self::Mremap,
-        Self::Munmap,
         Self::Recvmsg,
         Self::Sendfile,
         Self::Splice,
@@ -121,7 +119,6 @@ impl Syscall {
             Self::Creat => "creat",
             Self::Mmap => "mmap",
             Self::Mremap => "mremap",
-            Self::Munmap => "munmap",
             Self::Recvmsg => "recvmsg",
             Self::Sendfile => "sendfile",
             Self::Splice => "splice",
@@ -272,10 +269,7 @@ pub const MNT_NOEXEC: u32 = 4;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A traced process forked `child`.
-    Fork {
-        h: Header,
-        child: u32,
-    },
+    Fork { h: Header, child: u32 },
     /// A traced process called execve.
     Exec {
         h: Header,
@@ -284,10 +278,7 @@ pub enum Event {
         old_pid: u32,
     },
     /// A traced process (the whole thread group) exited.
-    Exit {
-        h: Header,
-        status: ExitStatus,
-    },
+    Exit { h: Header, status: ExitStatus },
     /// A SIGBUS was generated for a traced process. The header is the sender
     /// (the faulting thread itself for a page fault).
     Sigbus {
@@ -328,11 +319,6 @@ pub enum Event {
         /// The file's mount point, read by the kernel at the mmap.
         mountpoint: Option<String>,
     },
-    Unmapped {
-        h: Header,
-        addr: Addr,
-        len: u64,
-    },
     Remapped {
         h: Header,
         old_addr: Addr,
@@ -363,10 +349,7 @@ pub enum Event {
         file: FileRef,
     },
     /// A recvmsg returned control data: it may have received fds.
-    FdsReceived {
-        h: Header,
-        control_bytes: u64,
-    },
+    FdsReceived { h: Header, control_bytes: u64 },
     /// A CUDA IPC call returned an error.
     /// A /dev/shm file removed (unlink, unlinkat).
     Unlinked {
@@ -475,7 +458,6 @@ impl Event {
             | Self::SigbusDelivered { h, .. }
             | Self::SyscallFailed { h, .. }
             | Self::Mapped { h, .. }
-            | Self::Unmapped { h, .. }
             | Self::Remapped { h, .. }
             | Self::OomVictim { h, .. }
             | Self::Truncated { h, .. }
@@ -496,7 +478,6 @@ impl Event {
             Self::SigbusDelivered { .. } => "signal_deliver",
             Self::SyscallFailed { .. } => "syscall_error",
             Self::Mapped { .. } => "mmap",
-            Self::Unmapped { .. } => "munmap",
             Self::Remapped { .. } => "mremap",
             Self::OomVictim { .. } => "oom_victim",
             Self::Truncated { .. } => "ftruncate",
@@ -614,12 +595,11 @@ mod tests {
         };
         assert_eq!((opened.name(), opened.header().pid), ("open", 5));
         assert_eq!(opened.file().map(FileRef::key), Some((Dev(40), 7)));
-        let unmapped = Event::Unmapped {
+        let received = Event::FdsReceived {
             h,
-            addr: Addr(4096),
-            len: 4096,
+            control_bytes: 24,
         };
-        assert_eq!((unmapped.name(), unmapped.file()), ("munmap", None));
+        assert_eq!((received.name(), received.file()), ("recvmsg_fds", None));
         let failed = FailedCall::Mremap {
             old_addr: Addr(0),
             old_len: 1,

@@ -193,7 +193,7 @@ fn signal_deliver_reports_the_default_action() {
 fn syscall_exits_report_tmpfs_creation_and_enospc() {
     with_tmpfs("sys-exit", "64k", |mnt| {
         // Writes, opens, mmap, munmap, mremap, ftruncate: 17 syscalls.
-        with_programs(&["sys_exit_files"], 17, |t| {
+        with_programs(&["sys_exit_files"], 16, |t| {
             // Another process: shmtrace never traces its own.
             let file = mnt.join("seg\nment");
             let mut child = waiting_shell(&format!(

@@ -162,7 +162,7 @@ const BPFTRACE_PEER: &str = "tracepoint:syscalls:sys_exit_write,\
 tracepoint:syscalls:sys_exit_pwrite64,tracepoint:syscalls:sys_exit_writev,\
 tracepoint:syscalls:sys_exit_fallocate,tracepoint:syscalls:sys_exit_ftruncate,\
 tracepoint:syscalls:sys_exit_openat,tracepoint:syscalls:sys_exit_mmap,\
-tracepoint:syscalls:sys_exit_munmap,tracepoint:syscalls:sys_exit_recvmsg /args->ret < 0/ { @failed[pid, comm, args->ret] = count(); }";
+tracepoint:syscalls:sys_exit_recvmsg /args->ret < 0/ { @failed[pid, comm, args->ret] = count(); }";
 
 /// Every syscall exit shmtrace hooks, with an empty program.
 const BPFTRACE_DISPATCH: &str = "tracepoint:syscalls:sys_exit_write,\
@@ -172,8 +172,7 @@ tracepoint:syscalls:sys_exit_fallocate,tracepoint:syscalls:sys_exit_sendfile64,\
 tracepoint:syscalls:sys_exit_splice,tracepoint:syscalls:sys_exit_copy_file_range,\
 tracepoint:syscalls:sys_exit_open,tracepoint:syscalls:sys_exit_openat,\
 tracepoint:syscalls:sys_exit_openat2,tracepoint:syscalls:sys_exit_creat,\
-tracepoint:syscalls:sys_exit_mmap,\
-tracepoint:syscalls:sys_exit_munmap,tracepoint:syscalls:sys_exit_mremap,\
+tracepoint:syscalls:sys_exit_mmap,tracepoint:syscalls:sys_exit_mremap,\
 tracepoint:syscalls:sys_exit_ftruncate,tracepoint:syscalls:sys_exit_recvmsg,\
 tracepoint:syscalls:sys_exit_unlink,tracepoint:syscalls:sys_exit_unlinkat { }";
 

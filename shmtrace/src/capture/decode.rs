@@ -70,7 +70,6 @@ impl Decoder {
             x if x == n.creat => Syscall::Creat,
             x if x == n.mmap => Syscall::Mmap,
             x if x == n.mremap => Syscall::Mremap,
-            x if x == n.munmap => Syscall::Munmap,
             x if x == n.recvmsg => Syscall::Recvmsg,
             x if x == n.sendfile => Syscall::Sendfile,
             x if x == n.splice => Syscall::Splice,
@@ -136,11 +135,6 @@ impl Decoder {
                 offset: a[5],
                 file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
                 mountpoint: mountpoint(&ev.path),
-            },
-            EventKind::Unmap => Event::Unmapped {
-                h,
-                addr: Addr(a[0]),
-                len: a[1],
             },
             EventKind::Remap => Event::Remapped {
                 h,

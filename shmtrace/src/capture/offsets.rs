@@ -189,7 +189,6 @@ pub fn syscall_nrs() -> SyscallNrs {
         creat: n(libc::SYS_creat),
         mmap: n(libc::SYS_mmap),
         mremap: n(libc::SYS_mremap),
-        munmap: n(libc::SYS_munmap),
         recvmsg: n(libc::SYS_recvmsg),
         sendfile: n(libc::SYS_sendfile),
         splice: n(libc::SYS_splice),

@@ -111,10 +111,6 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
             put("flags", json!(flags));
             put("offset", json!(offset));
         }
-        Event::Unmapped { addr, len, .. } => {
-            put("addr", json!(addr.to_string()));
-            put("len", json!(len));
-        }
         Event::Remapped {
             old_addr,
             old_len,

@@ -62,12 +62,32 @@ impl MappingTable {
         v.push(m);
     }
 
-    pub fn unmapped(&mut self, pid: u32, start: Addr, len: u64) {
-        if let Some(v) = self.by_pid.get_mut(&pid) {
-            remove_range(v, start.0, start.0.saturating_add(page_up(len)));
-            if v.is_empty() {
-                self.by_pid.remove(&pid);
-            }
+    /// Every tracked mapping as (pid, start, end, file): munmap is not
+    /// hooked, so each is checked once a second and at a failure.
+    pub fn checks(&self) -> Vec<(u32, Addr, Addr, FileKey)> {
+        self.by_pid
+            .iter()
+            .flat_map(|(&pid, v)| v.iter().map(move |m| (pid, m.start, m.end, (m.dev, m.ino))))
+            .collect()
+    }
+
+    /// `pid`'s tmpfs mappings as /proc shows them now (after an unmap, or
+    /// a merge or split of its ranges): they replace ours, keeping the
+    /// name and size an event gave a file.
+    pub fn reread(&mut self, pid: u32, found: Vec<Mapping>) {
+        let old = self.by_pid.remove(&pid).unwrap_or_default();
+        let v: Vec<Mapping> = found
+            .into_iter()
+            .map(|mut m| {
+                if let Some(o) = old.iter().find(|o| (o.dev, o.ino) == (m.dev, m.ino)) {
+                    m.name = o.name.clone().or(m.name);
+                    m.size = o.size;
+                }
+                m
+            })
+            .collect();
+        if !v.is_empty() {
+            self.by_pid.insert(pid, v);
         }
     }
 
@@ -171,10 +191,21 @@ mod tests {
     }
 
     #[test]
-    fn unmap_splits_and_remap_moves() {
+    fn a_reread_after_an_unmap_splits_and_remap_moves() {
         let mut t = MappingTable::default();
-        t.mapped(1, m(0x10000, 0x20000, 0));
-        t.unmapped(1, Addr(0x14000), 0x1000);
+        t.mapped(
+            1,
+            Mapping {
+                name: Some("seg".into()),
+                ..m(0x10000, 0x20000, 0)
+            },
+        );
+        // A page was unmapped: /proc shows two ranges now.
+        t.reread(1, vec![m(0x10000, 0x14000, 0), m(0x15000, 0x20000, 0x5000)]);
+        assert_eq!(
+            t.find(1, Addr(0x13000)).unwrap().name.as_deref(),
+            Some("seg")
+        );
         assert!(t.find(1, Addr(0x14000)).is_none());
         let off = |t: &MappingTable, a: u64| t.find(1, Addr(a)).map(|m| m.offset_of(Addr(a)));
         assert_eq!(off(&t, 0x15000), Some(0x5000));
@@ -205,7 +236,7 @@ mod tests {
             t.find(1, Addr(0x19000)).unwrap().offset_of(Addr(0x19000)),
             0x9000
         );
-        t.unmapped(1, Addr(0x10000), 0x10000);
+        t.reread(1, vec![]);
         assert_eq!(t.processes(), 0, "an empty table is dropped");
     }
 }

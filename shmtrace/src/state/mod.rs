@@ -391,7 +391,6 @@ impl State {
                 // by dup or by fork. Look at its fds on the next tick.
                 self.files.want_rescan(h.pid);
             }
-            Event::Unmapped { h, addr, len } => self.maps.unmapped(h.pid, *addr, *len),
             Event::Remapped {
                 h,
                 old_addr,
@@ -528,6 +527,7 @@ impl State {
                 });
             }
         }
+        self.refresh_mappings(host);
         self.files.set_map_holders(&self.maps.holders());
         for (key, via) in self.files.stat_plan() {
             if measured.contains(&key) {
@@ -552,6 +552,38 @@ impl State {
         let files = &self.files;
         self.sizes.retain(|k, _| files.contains(*k));
         self.files.update_bytes();
+    }
+
+    /// munmap is not hooked either (every process on the node would pay
+    /// for it): a tracked mapping whose range no longer maps its file was
+    /// unmapped, or merged or split, since. That process's tmpfs mappings
+    /// are read again from /proc; a gone process keeps its own until its
+    /// exit is applied, as with fds.
+    fn refresh_mappings(&mut self, host: &mut dyn Host) {
+        let mut stale = BTreeSet::new();
+        for (pid, start, end, key) in self.maps.checks() {
+            if !stale.contains(&pid)
+                && host
+                    .stat_map_range(pid, start, end)
+                    .filter(|st| (st.dev, st.ino) == key)
+                    .is_none()
+            {
+                stale.insert(pid);
+            }
+        }
+        for pid in stale {
+            if host.proc_stat(pid).is_none() {
+                continue;
+            }
+            let mounts = &self.mounts;
+            let found = host
+                .maps(pid)
+                .into_iter()
+                .filter(|m| mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()))
+                .map(Mapping::from)
+                .collect();
+            self.maps.reread(pid, found);
+        }
     }
 
     /// The once-a-second refresh: tracked files' allocation, fd rescans,

@@ -251,10 +251,9 @@ fn failures_carry_their_container_from_the_cgroup_id() {
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
     st.apply(
-        &Event::Unmapped {
+        &Event::FdsReceived {
             h,
-            addr: Addr(0x1000),
-            len: 4096,
+            control_bytes: 0,
         },
         &mut host,
     );
@@ -424,4 +423,92 @@ fn the_peak_is_the_highest_use_any_event_showed_not_only_the_samples() {
         64 * MIB,
         "kept"
     );
+}
+
+#[test]
+fn closes_are_seen_on_the_tick_copies_are_found_and_the_gone_keep_their_books() {
+    let (mut st, mut host, mut s) = setup();
+    for (pid, ino) in [(20, 300), (21, 301)] {
+        host.file(SHM, ino, MIB as i64, MIB, 0);
+        host.open_fd(pid, 10, SHM, ino);
+        st.apply(
+            &Event::Opened {
+                h: s.h(pid, 1),
+                syscall: Syscall::Openat,
+                fd: 10,
+                flags: libc::O_CREAT as u64,
+                file: file(ino, "x", 0, 0, 0),
+            },
+            &mut host,
+        );
+    }
+    st.tick(&mut host);
+    let holders = |st: &State, ino| st.files.get((SHM, ino)).map(|f| f.fd_holders.clone());
+    assert_eq!(holders(&st, 300), Some(BTreeSet::from([20])));
+    // 20 moves its fd to 3 (F_DUPFD, then close: no event for either);
+    // 21's /proc is gone, its exit not applied yet.
+    host.fds.insert(20, vec![]);
+    host.open_fd(20, 3, SHM, 300);
+    host.fds.remove(&21);
+    st.tick(&mut host);
+    assert_eq!(
+        holders(&st, 300),
+        Some(BTreeSet::from([20])),
+        "found at fd 3"
+    );
+    assert_eq!(
+        holders(&st, 301),
+        Some(BTreeSet::from([21])),
+        "kept until its exit"
+    );
+    // 20 closes it: nobody holds the unlinked file, which is freed.
+    host.fds.insert(20, vec![]);
+    st.tick(&mut host);
+    assert!(holders(&st, 300).is_none());
+}
+
+#[test]
+fn unmaps_are_seen_on_the_tick_from_proc() {
+    let (mut st, mut host, mut s) = setup();
+    host.file(SHM, 400, 2 * MIB as i64, 2 * MIB, 0);
+    host.stats.insert(30, (1, "reader".into()));
+    let entry = |start: u64, end: u64, off: u64| crate::host::MapsEntry {
+        start: Addr(start),
+        end: Addr(end),
+        file_offset: off,
+        dev: SHM,
+        ino: 400,
+        name: Some("seg (deleted)".into()),
+    };
+    host.maps.insert(30, vec![entry(0x10000, 0x210000, 0)]);
+    st.apply(
+        &Event::Mapped {
+            h: s.h(30, 1),
+            addr: Addr(0x10000),
+            len: 2 * MIB,
+            prot: 1,
+            flags: 1,
+            offset: 0,
+            file: file(400, "seg", 2 * MIB as i64, 2 * MIB, 0),
+            mountpoint: None,
+        },
+        &mut host,
+    );
+    st.tick(&mut host);
+    let map_holders = |st: &State| st.files.get((SHM, 400)).map(|f| f.map_holders.clone());
+    assert_eq!(map_holders(&st), Some(BTreeSet::from([30])));
+    // Half of it unmapped: /proc shows the rest, which still holds it.
+    host.maps.insert(30, vec![entry(0x110000, 0x210000, MIB)]);
+    st.tick(&mut host);
+    assert_eq!(map_holders(&st), Some(BTreeSet::from([30])));
+    let m = st.maps.find(30, Addr(0x110000)).unwrap();
+    assert_eq!(
+        (m.name.as_deref(), m.offset_of(Addr(0x110000))),
+        (Some("seg"), MIB)
+    );
+    assert!(st.maps.find(30, Addr(0x10000)).is_none());
+    // All of it: nobody holds the unlinked file any more.
+    host.maps.insert(30, vec![]);
+    st.tick(&mut host);
+    assert!(map_holders(&st).is_none());
 }

@@ -115,10 +115,9 @@ fn containers_are_named_by_the_host_on_the_tick() {
     let mut h = s.h(90, 1);
     h.cgroup_id = 555;
     st.apply(
-        &Event::Unmapped {
+        &Event::FdsReceived {
             h,
-            addr: Addr(0x1000),
-            len: 4096,
+            control_bytes: 0,
         },
         &mut host,
     );
