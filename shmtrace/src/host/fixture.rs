@@ -135,6 +135,9 @@ impl Host for Fixture {
     fn proc_stat(&self, pid: u32) -> Option<(u32, String)> {
         self.stats.get(&pid).cloned()
     }
+    fn has_exited(&self, pid: u32) -> bool {
+        !self.stats.contains_key(&pid) && !self.fds.contains_key(&pid)
+    }
     fn cmdline(&self, pid: u32) -> Option<String> {
         self.cmdlines.get(&pid).cloned()
     }

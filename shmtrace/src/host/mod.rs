@@ -98,6 +98,9 @@ pub trait Host {
     fn self_ns(&self) -> u32;
     /// (ppid, comm) of a live process.
     fn proc_stat(&self, pid: u32) -> Option<(u32, String)>;
+    /// Whether `pid` has exited: gone, or a zombie (whose fds and maps
+    /// list empty, though its exit event may not be applied yet).
+    fn has_exited(&self, pid: u32) -> bool;
     /// Its command line, escaped, arguments joined by spaces.
     fn cmdline(&self, pid: u32) -> Option<String>;
     fn mnt_ns(&self, pid: u32) -> Option<u32>;
@@ -130,7 +133,7 @@ pub trait Host {
     fn maps(&self, pid: u32) -> Vec<MapsEntry>;
     /// Limits of `pid` now (at a failure).
     fn limits(&self, pid: u32) -> Limits;
-    /// Open fds of `pid` on regular files (None: the process is gone).
+    /// Open fds of `pid` on regular files (None: the process has exited).
     fn fds(&self, pid: u32) -> Option<Vec<FdEntry>>;
     fn stat_fd(&self, pid: u32, fd: i32) -> Option<FileStat>;
     /// stat of file (dev, ino) through one of `pid`'s mappings of it.

@@ -164,6 +164,12 @@ impl Host for ProcHost {
             .unwrap_or_default()
     }
 
+    fn has_exited(&self, pid: u32) -> bool {
+        self.io
+            .run(|| format!("stat {pid}"), move || has_exited(pid))
+            .unwrap_or(false)
+    }
+
     fn fds(&self, pid: u32) -> Option<Vec<FdEntry>> {
         self.io
             .run(|| format!("fds {pid}"), move || fds_of(pid))

@@ -119,6 +119,10 @@ pub fn fds_of(pid: u32) -> Option<Vec<FdEntry>> {
             .map(|l| last_component(&l));
         out.push(FdEntry { fd, stat, name });
     }
+    // A zombie lists no fds: it has exited, its books wait for its exit.
+    if out.is_empty() && has_exited(pid) {
+        return None;
+    }
     Some(out)
 }
 
@@ -247,6 +251,20 @@ pub fn read_cmdline(pid: u32) -> Option<String> {
 pub fn read_stat(pid: u32) -> Option<(u32, String)> {
     let raw = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     parse_stat(&raw)
+}
+
+/// Gone, or a zombie (state Z or X): its fds and maps list empty.
+pub fn has_exited(pid: u32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(raw) => matches!(stat_state(&raw), Some(b'Z' | b'X')),
+        Err(_) => true,
+    }
+}
+
+/// The state letter of a /proc/PID/stat line (after the comm).
+fn stat_state(raw: &[u8]) -> Option<u8> {
+    let close = raw.iter().rposition(|&b| b == b')')?;
+    raw.get(close + 2).copied()
 }
 
 pub fn parse_stat(raw: &[u8]) -> Option<(u32, String)> {
@@ -433,6 +451,9 @@ mod tests {
             parse_stat(b"42 (a) b) S 7 42 42"),
             Some((7, "a) b".to_string()))
         );
+        // A zombie's state letter, after a comm holding ") Z".
+        assert_eq!(stat_state(b"42 (a) Z b) Z 7 42 42"), Some(b'Z'));
+        assert_eq!(stat_state(b"42 (sh) S 7"), Some(b'S'));
         assert_eq!(
             container_cgroup("12:memory:/docker/abc\n0::/\n"),
             "/docker/abc"

@@ -557,8 +557,8 @@ impl State {
     /// munmap is not hooked either (every process on the node would pay
     /// for it): a tracked mapping whose range no longer maps its file was
     /// unmapped, or merged or split, since. That process's tmpfs mappings
-    /// are read again from /proc; a gone process keeps its own until its
-    /// exit is applied, as with fds.
+    /// are read again from /proc; one that has exited (a zombie's maps
+    /// list empty) keeps its own until its exit is applied, as with fds.
     fn refresh_mappings(&mut self, host: &mut dyn Host) {
         let mut stale = BTreeSet::new();
         for (pid, start, end, key) in self.maps.checks() {
@@ -572,7 +572,7 @@ impl State {
             }
         }
         for pid in stale {
-            if host.proc_stat(pid).is_none() {
+            if host.has_exited(pid) {
                 continue;
             }
             let mounts = &self.mounts;

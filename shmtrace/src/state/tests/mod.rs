@@ -92,9 +92,20 @@ pub fn setup() -> (State, Fixture, Stream) {
 /// A trainer (10) with workers 11 and 12; 12 maps an 8 MiB segment at
 /// 0x7f0000000000 and faults on its second page with a full mount.
 pub fn sigbus_stream(st: &mut State, host: &mut Fixture, s: &mut Stream) {
-    // The worker's fd 5 on its segment, as /proc lists it.
+    // The worker's fd 5 on its segment and its mapping, as /proc lists them.
     host.file(SHM, 100, 8 * MIB as i64, 0, 1);
     host.open_fd(12, 5, SHM, 100);
+    host.maps.insert(
+        12,
+        vec![crate::host::MapsEntry {
+            start: Addr(0x7f00_0000_0000),
+            end: Addr(0x7f00_0000_0000 + 8 * MIB),
+            file_offset: 0,
+            dev: SHM,
+            ino: 100,
+            name: Some("torch_12_1".into()),
+        }],
+    );
     let evs = vec![
         Event::Fork {
             h: s.h(10, 1),
@@ -195,6 +206,7 @@ fn a_sigbus_sent_by_a_process_or_past_the_end_or_unmapped_is_not_a_shm_failure()
     // Nothing mapped there.
     st.apply(&sig(&mut s, 11, 11, 2, 0x1234_0000), &mut host);
     // Past the end of a file shrunk to one page.
+    host.file(SHM, 100, 4096, 4096, 1);
     st.apply(
         &Event::Truncated {
             h: s.h(12, 10),
