@@ -461,4 +461,36 @@ mod tests {
         assert_eq!(container_cgroup("0::/kubepods/x\n"), "/kubepods/x");
         assert_eq!(container_cgroup("0::/\n"), "/");
     }
+
+    #[test]
+    fn a_zombie_has_exited_and_lists_no_fds() {
+        // SAFETY: the child only calls _exit, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork");
+        // Wait for its exit but leave it unreaped: a zombie.
+        // SAFETY: a zeroed siginfo_t is valid; waitid only writes it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own child with a valid siginfo pointer.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        assert_eq!(rc, 0);
+        let zombie = pid as u32;
+        assert!(has_exited(zombie));
+        assert!(fds_of(zombie).is_none(), "a zombie's empty fd list");
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        assert!(has_exited(zombie));
+        assert!(!has_exited(std::process::id()));
+        assert!(fds_of(std::process::id()).is_some());
+    }
 }

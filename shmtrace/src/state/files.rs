@@ -22,12 +22,6 @@ use crate::{
 /// Files tracked at most. Beyond it, files nobody holds go first (counted).
 pub const MAX_FILES: usize = 16384;
 
-/// Where to stat a file from: a holder's fd, else a holder's mapping.
-pub enum Via {
-    Fd(u32, i32),
-    Map(u32),
-}
-
 #[derive(Clone, Debug, Serialize)]
 #[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct FileState {
@@ -364,19 +358,12 @@ impl Files {
         }
     }
 
-    /// For each tracked file, the ways to stat it, best first.
-    pub fn stat_plan(&self) -> Vec<(FileKey, Vec<Via>)> {
+    /// Every tracked file with the processes that map it: a file the fd
+    /// checks and rescans did not measure is stat'ed through a mapping.
+    pub fn stat_plan(&self) -> Vec<(FileKey, Vec<u32>)> {
         self.files
             .iter()
-            .map(|(key, f)| {
-                let via = f
-                    .fds
-                    .iter()
-                    .map(|&(pid, fd)| Via::Fd(pid, fd))
-                    .chain(f.map_holders.iter().map(|&pid| Via::Map(pid)))
-                    .collect();
-                (*key, via)
-            })
+            .map(|(key, f)| (*key, f.map_holders.iter().copied().collect()))
             .collect()
     }
 
@@ -403,8 +390,14 @@ impl Files {
     }
 
     /// The fds `pid` has now (from the host): tmpfs ones are holders, fds we
-    /// thought it had and it has not are closed.
-    pub fn rescanned(&mut self, pid: u32, found: Vec<FdEntry>, is_tmpfs: impl Fn(Dev) -> bool) {
+    /// thought it had and it has not are closed. Returns the files found
+    /// (measured by the listing's stats).
+    pub fn rescanned(
+        &mut self,
+        pid: u32,
+        found: Vec<FdEntry>,
+        is_tmpfs: impl Fn(Dev) -> bool,
+    ) -> Vec<FileKey> {
         let found: Vec<FdEntry> = found
             .into_iter()
             .filter(|e| e.stat.regular && is_tmpfs(e.stat.dev))
@@ -418,8 +411,10 @@ impl Files {
         for fd in stale {
             self.closed(pid, fd);
         }
+        let mut keys = Vec::with_capacity(found.len());
         for e in found {
             let key = (e.stat.dev, e.stat.ino);
+            keys.push(key);
             self.opened(pid, e.fd, key, false);
             let f = self.files.get_mut(&key).expect("just opened");
             if f.name.is_none() {
@@ -431,6 +426,7 @@ impl Files {
             f.allocated_bytes = e.stat.allocated;
             credit(f, grown, pid);
         }
+        keys
     }
 
     /// Every process's allocated and held bytes, in one pass over the files.

@@ -39,7 +39,7 @@ use self::{
     containers::Containers,
     evidence::Evidence,
     failures::Failures,
-    files::{Files, Seen, Via},
+    files::{Files, Seen},
     mappings::{Mapping, MappingTable},
     mount_stats::MountStats,
     mounts::MountTables,
@@ -522,21 +522,21 @@ impl State {
         for pid in self.files.take_rescans() {
             if let Some(found) = host.fds(pid) {
                 let mounts = &self.mounts;
-                self.files.rescanned(pid, found, |d| {
+                let keys = self.files.rescanned(pid, found, |d| {
                     mounts.by_dev(d).is_some_and(|m| m.is_tmpfs())
                 });
+                measured.extend(keys);
             }
         }
         self.refresh_mappings(host);
         self.files.set_map_holders(&self.maps.holders());
-        for (key, via) in self.files.stat_plan() {
+        for (key, mappers) in self.files.stat_plan() {
             if measured.contains(&key) {
                 continue;
             }
-            let st = via.iter().find_map(|v| match *v {
-                Via::Fd(pid, fd) => host.stat_fd(pid, fd).filter(|st| st.ino == key.1),
-                Via::Map(pid) => host.stat_mapped(pid, key.0, key.1),
-            });
+            let st = mappers
+                .iter()
+                .find_map(|&pid| host.stat_mapped(pid, key.0, key.1));
             self.files.measured(key, st);
         }
         // Nobody holds them: the name tells whether they are still there
