@@ -324,10 +324,24 @@ pub fn run(root: &Path, opts: Opts) -> Result<()> {
             .map(|(n, f)| n / f)
             .collect();
         let m = median(&above);
-        row.push_str(&if m <= 1.02 {
-            " at the floor (<= x1.02 over it) |".to_string()
-        } else {
-            format!(" x{m:.2} over the floor |")
+        // Above the floor, say whose cost it is: when empty programs on the
+        // same exits cost as much, no program there could do better.
+        let dispatch = conds.iter().position(|c| *c == Cond::Dispatch).map(|di| {
+            let e: Vec<f64> = times[i][di]
+                .iter()
+                .zip(&times[i][1])
+                .map(|(d, f)| d / f)
+                .collect();
+            median(&e)
+        });
+        row.push_str(&match dispatch {
+            _ if m <= 1.02 => " at the floor (<= x1.02 over it) |".to_string(),
+            Some(e) if m <= e + 0.01 => format!(
+                " x{m:.2} over the floor: what any program on these exits costs \
+                 (empty programs x{e:.2}) |"
+            ),
+            Some(e) => format!(" x{m:.2} over the floor (empty programs x{e:.2}) |"),
+            None => format!(" x{m:.2} over the floor |"),
         });
         println!("{row}");
     }
