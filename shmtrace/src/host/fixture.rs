@@ -215,8 +215,13 @@ impl Host for Fixture {
             .any(|m| m.dev == dev && m.ino == ino)
             .then(|| self.files.get(&(dev, ino)).copied())?
     }
-    fn stat_map_range(&self, pid: u32, start: Addr, _end: Addr) -> Option<FileStat> {
-        let m = self.maps.get(&pid)?.iter().find(|m| m.start == start)?;
+    fn stat_map_range(&self, pid: u32, start: Addr, end: Addr) -> Option<FileStat> {
+        // As /proc/PID/map_files: the link exists for an exact range only.
+        let m = self
+            .maps
+            .get(&pid)?
+            .iter()
+            .find(|m| (m.start, m.end) == (start, end))?;
         self.files.get(&(m.dev, m.ino)).copied()
     }
     fn dir_of(&self, pid: u32, _dirfd: Option<i32>) -> Option<String> {

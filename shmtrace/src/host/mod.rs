@@ -98,8 +98,8 @@ pub trait Host {
     fn self_ns(&self) -> u32;
     /// (ppid, comm) of a live process.
     fn proc_stat(&self, pid: u32) -> Option<(u32, String)>;
-    /// Whether `pid` has exited: gone, or a zombie (whose fds and maps
-    /// list empty, though its exit event may not be applied yet).
+    /// Whether `pid` has exited: gone, a zombie, or exiting (whose fds and
+    /// maps list empty, though its exit event may not be applied yet).
     fn has_exited(&self, pid: u32) -> bool;
     /// Its command line, escaped, arguments joined by spaces.
     fn cmdline(&self, pid: u32) -> Option<String>;

@@ -253,18 +253,34 @@ pub fn read_stat(pid: u32) -> Option<(u32, String)> {
     parse_stat(&raw)
 }
 
-/// Gone, or a zombie (state Z or X): its fds and maps list empty.
+/// Gone, a zombie (state Z or X), or on its way out (PF_EXITING: killed,
+/// its address space and fd table torn down before it is a zombie): its
+/// fds and maps list empty, or soon will.
 pub fn has_exited(pid: u32) -> bool {
     match std::fs::read(format!("/proc/{pid}/stat")) {
-        Ok(raw) => matches!(stat_state(&raw), Some(b'Z' | b'X')),
+        Ok(raw) => {
+            matches!(stat_state(&raw), Some(b'Z' | b'X'))
+                || stat_flags(&raw).is_some_and(|f| f & PF_EXITING != 0)
+        }
         Err(_) => true,
     }
 }
+
+/// include/linux/sched.h: set first thing in do_exit.
+const PF_EXITING: u64 = 0x4;
 
 /// The state letter of a /proc/PID/stat line (after the comm).
 fn stat_state(raw: &[u8]) -> Option<u8> {
     let close = raw.iter().rposition(|&b| b == b')')?;
     raw.get(close + 2).copied()
+}
+
+/// The task flags of a /proc/PID/stat line (its 9th field).
+fn stat_flags(raw: &[u8]) -> Option<u64> {
+    let close = raw.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(raw.get(close + 1..)?).ok()?;
+    // state ppid pgrp session tty_nr tpgid flags
+    rest.split_whitespace().nth(6)?.parse().ok()
 }
 
 pub fn parse_stat(raw: &[u8]) -> Option<(u32, String)> {
@@ -454,6 +470,14 @@ mod tests {
         // A zombie's state letter, after a comm holding ") Z".
         assert_eq!(stat_state(b"42 (a) Z b) Z 7 42 42"), Some(b'Z'));
         assert_eq!(stat_state(b"42 (sh) S 7"), Some(b'S'));
+        // Killed, not yet a zombie: PF_EXITING (0x4) in the flags.
+        let exiting = b"42 (a) b) R 7 42 42 0 -1 4194628 0 0";
+        assert_eq!(stat_flags(exiting), Some(4194628));
+        assert_ne!(stat_flags(exiting).unwrap() & PF_EXITING, 0);
+        assert_eq!(
+            stat_flags(b"42 (sh) S 7 42 42 0 -1 4194560 0"),
+            Some(4194560)
+        );
         assert_eq!(
             container_cgroup("12:memory:/docker/abc\n0::/\n"),
             "/docker/abc"

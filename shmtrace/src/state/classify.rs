@@ -65,6 +65,9 @@ impl State {
         if self.failures.refaulted(target_tid, addr) {
             return;
         }
+        // A range unmapped since the last tick (munmap is not hooked) must
+        // not stand for what is mapped there now.
+        self.check_mappings_of(host, target);
         let mapping = self.maps.find(target, addr).cloned().or_else(|| {
             // Mapped before we saw it (or the event was lost): ask /proc.
             host.maps(target)

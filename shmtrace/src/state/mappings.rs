@@ -71,6 +71,16 @@ impl MappingTable {
             .collect()
     }
 
+    /// The same checks for one process (the target of a SIGBUS).
+    pub fn checks_of(&self, pid: u32) -> Vec<(u32, Addr, Addr, FileKey)> {
+        self.by_pid
+            .get(&pid)
+            .into_iter()
+            .flatten()
+            .map(|m| (pid, m.start, m.end, (m.dev, m.ino)))
+            .collect()
+    }
+
     /// `pid`'s tmpfs mappings as /proc shows them now (after an unmap, or
     /// a merge or split of its ranges): they replace ours, keeping the
     /// name and size an event gave a file.

@@ -30,7 +30,7 @@ use std::{
 };
 
 use crate::{
-    event::{Dev, Event, FileKey, FileRef, Header},
+    event::{Addr, Dev, Event, FileKey, FileRef, Header},
     host::{Host, memcg::Memcg},
     units::{human_bytes, page_size},
 };
@@ -378,7 +378,7 @@ impl State {
                     h.pid,
                     Mapping {
                         start: *addr,
-                        end: crate::event::Addr(addr.0 + len.div_ceil(page_size()) * page_size()),
+                        end: Addr(addr.0 + len.div_ceil(page_size()) * page_size()),
                         file_offset: *offset,
                         dev: file.dev,
                         ino: file.ino,
@@ -560,8 +560,13 @@ impl State {
     /// are read again from /proc; one that has exited (a zombie's maps
     /// list empty) keeps its own until its exit is applied, as with fds.
     fn refresh_mappings(&mut self, host: &mut dyn Host) {
+        let checks = self.maps.checks();
+        self.check_mappings(host, checks);
+    }
+
+    fn check_mappings(&mut self, host: &mut dyn Host, checks: Vec<(u32, Addr, Addr, FileKey)>) {
         let mut stale = BTreeSet::new();
-        for (pid, start, end, key) in self.maps.checks() {
+        for (pid, start, end, key) in checks {
             if !stale.contains(&pid)
                 && host
                     .stat_map_range(pid, start, end)
@@ -575,15 +580,28 @@ impl State {
             if host.has_exited(pid) {
                 continue;
             }
+            let maps = host.maps(pid);
+            // A live process maps at least its executable: no file mapping
+            // at all is an address space already torn down (exiting, not a
+            // zombie yet), whose books stay until its exit event.
+            if maps.is_empty() {
+                continue;
+            }
             let mounts = &self.mounts;
-            let found = host
-                .maps(pid)
+            let found = maps
                 .into_iter()
                 .filter(|m| mounts.by_dev(m.dev).is_some_and(|t| t.is_tmpfs()))
                 .map(Mapping::from)
                 .collect();
             self.maps.reread(pid, found);
         }
+    }
+
+    /// Before a fault address is read against `pid`'s tracked mappings:
+    /// a range unmapped and mapped again since the last tick is read anew.
+    pub(super) fn check_mappings_of(&mut self, host: &mut dyn Host, pid: u32) {
+        let checks = self.maps.checks_of(pid);
+        self.check_mappings(host, checks);
     }
 
     /// The once-a-second refresh: tracked files' allocation, fd rescans,

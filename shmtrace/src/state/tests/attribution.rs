@@ -507,8 +507,55 @@ fn unmaps_are_seen_on_the_tick_from_proc() {
         (Some("seg"), MIB)
     );
     assert!(st.maps.find(30, Addr(0x10000)).is_none());
-    // All of it: nobody holds the unlinked file any more.
-    host.maps.insert(30, vec![]);
+    // All of it: nobody holds the unlinked file any more (its executable
+    // is all the file mappings /proc lists).
+    let exe = crate::host::MapsEntry {
+        start: Addr(0x40_0000),
+        end: Addr(0x40_1000),
+        file_offset: 0,
+        dev: Dev(2049),
+        ino: 12,
+        name: Some("/usr/bin/reader".into()),
+    };
+    host.maps.insert(30, vec![exe]);
     st.tick(&mut host);
     assert!(map_holders(&st).is_none());
+}
+
+#[test]
+fn a_process_whose_address_space_is_gone_keeps_its_mappings_until_its_exit() {
+    let (mut st, mut host, mut s) = setup();
+    host.file(SHM, 400, 2 * MIB as i64, 2 * MIB, 0);
+    host.stats.insert(30, (1, "worker".into()));
+    host.maps.insert(
+        30,
+        vec![crate::host::MapsEntry {
+            start: Addr(0x10000),
+            end: Addr(0x210000),
+            file_offset: 0,
+            dev: SHM,
+            ino: 400,
+            name: Some("seg (deleted)".into()),
+        }],
+    );
+    st.apply(
+        &Event::Mapped {
+            h: s.h(30, 1),
+            addr: Addr(0x10000),
+            len: 2 * MIB,
+            prot: 3,
+            flags: 1,
+            offset: 0,
+            file: file(400, "seg", 2 * MIB as i64, 2 * MIB, 0),
+            mountpoint: None,
+        },
+        &mut host,
+    );
+    // Killed: its mm is released before it becomes a zombie, so for a
+    // moment it lives (state R) with nothing in /proc/PID/maps.
+    host.maps.insert(30, vec![]);
+    st.tick(&mut host);
+    let holders = st.files.get((SHM, 400)).map(|f| f.map_holders.clone());
+    assert_eq!(holders, Some(BTreeSet::from([30])));
+    assert!(st.maps.find(30, Addr(0x10000)).is_some());
 }

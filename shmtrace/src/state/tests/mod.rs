@@ -237,6 +237,75 @@ fn a_sigbus_sent_by_a_process_or_past_the_end_or_unmapped_is_not_a_shm_failure()
 }
 
 #[test]
+fn a_sigbus_where_a_tracked_range_was_unmapped_and_mapped_again_reads_what_is_there_now() {
+    let (mut st, mut host, mut s) = setup();
+    let (start, end) = (Addr(0x7f00_0000_0000), Addr(0x7f00_0000_0000 + 8 * MIB));
+    let entry = |dev: Dev, ino: u64, name: &str| crate::host::MapsEntry {
+        start,
+        end,
+        file_offset: 0,
+        dev,
+        ino,
+        name: Some(name.into()),
+    };
+    let sigbus = |s: &mut Stream, pid: u32, addr: u64| Event::Sigbus {
+        h: s.h(pid, 10),
+        target: pid,
+        target_tid: pid,
+        si_code: 2,
+        si_errno: 0,
+        addr: Addr(addr),
+        mount: None,
+    };
+    for (pid, ino) in [(12, 100), (13, 200)] {
+        host.file(SHM, ino, 8 * MIB as i64, 0, 0);
+        host.stats.insert(pid, (10, format!("worker_{pid}")));
+        host.maps
+            .insert(pid, vec![entry(SHM, ino, "seg (deleted)")]);
+        st.apply(
+            &Event::Mapped {
+                h: s.h(pid, 10),
+                addr: start,
+                len: 8 * MIB,
+                prot: 3,
+                flags: 1,
+                offset: 0,
+                file: file(ino, &format!("seg_{pid}"), 8 * MIB as i64, 0, 16000),
+                mountpoint: None,
+            },
+            &mut host,
+        );
+    }
+    // Within one tick, 12 maps a file of another filesystem over the same
+    // range, and 13 another tmpfs file: munmap is not hooked, and the new
+    // mmap of a non-tmpfs file sends no event.
+    const DISK: Dev = Dev(2049);
+    host.file(DISK, 7, 4096, 4096, 1);
+    host.maps
+        .insert(12, vec![entry(DISK, 7, "/data/shard.bin")]);
+    host.file(SHM, 300, 8 * MIB as i64, 0, 1);
+    host.maps.insert(13, vec![entry(SHM, 300, "psm_next")]);
+
+    // A SIGBUS past the end of the disk file is no shm failure.
+    st.apply(&sigbus(&mut s, 12, start.0 + 0x2000), &mut host);
+    assert!(
+        st.failures.all().is_empty(),
+        "not read against the old range"
+    );
+    assert!(
+        st.failures.other()[0]
+            .reason
+            .words()
+            .contains("not in a tmpfs mapping")
+    );
+    // A SIGBUS in the new tmpfs file names that file.
+    st.apply(&sigbus(&mut s, 13, start.0 + 0x2000), &mut host);
+    let f = &st.failures.all()[0];
+    assert_eq!(f.pid, 13);
+    assert_eq!(f.path.as_deref(), Some("/dev/shm/psm_next"));
+}
+
+#[test]
 fn a_sigbus_on_a_mapping_made_before_tracing_is_resolved_through_the_host() {
     let (mut st, mut host, mut s) = setup();
     host.maps.insert(
