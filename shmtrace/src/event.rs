@@ -350,7 +350,6 @@ pub enum Event {
     },
     /// A recvmsg returned control data: it may have received fds.
     FdsReceived { h: Header, control_bytes: u64 },
-    /// A CUDA IPC call returned an error.
     /// A /dev/shm file removed (unlink, unlinkat).
     Unlinked {
         h: Header,
@@ -361,6 +360,7 @@ pub enum Event {
         /// That directory's tmpfs device (a name relative to it).
         dir_dev: Option<Dev>,
     },
+    /// A CUDA IPC call returned an error.
     CudaIpcFailed {
         h: Header,
         call: CudaCall,
