@@ -219,8 +219,8 @@ const WAKE_PAST: u64 = 1 << 20;
 /// every process start on the node sends three, and a wakeup each put the
 /// agent through a context switch per event. The agent drains the ring on
 /// its own every 100-200 ms; a ring filling up wakes it at once, and so
-/// does any tmpfs event or failure (`submit_now`: their reads of /proc
-/// must happen while the process lives).
+/// does a failure or a process's first tmpfs event (`submit_now`,
+/// `submit_tmpfs`: their reads of /proc must happen while it lives).
 ///
 /// Only node-wide: a traced job's few processes wake it as before, and so
 /// does a process of a mount namespace user space has not anchored yet
@@ -239,14 +239,47 @@ pub fn submit_quiet(mut e: RingBufEntry<Event>) {
     e.submit(flags);
 }
 
-/// Submits a record that user space must see at once: a failure, or a
-/// tmpfs event whose /proc reads (memory cgroup, command line, namespace
-/// anchor) must happen while its process lives. Forced: the kernel wakes
-/// the reader on a plain submit only when every earlier record was read,
-/// and quiet fork/exec/exit records before it may not have been.
+/// Submits a record that user space must see at once: a failure, or the
+/// first tmpfs event of a process (`submit_tmpfs`). Forced: the kernel
+/// wakes the reader on a plain submit only when every earlier record was
+/// read, and quiet records before it may not have been.
 #[inline(always)]
 pub fn submit_now(e: RingBufEntry<Event>) {
     e.submit(BPF_RB_FORCE_WAKEUP);
+}
+
+/// Node-wide, processes whose tmpfs events woke user space once (removed
+/// at exit; an evicted entry only costs one more wakeup).
+#[map]
+static WOKE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
+
+/// Submits an ordinary tmpfs event (open, mmap, mremap, ftruncate,
+/// unlink, fds received). The first of each process wakes user space at
+/// once: its /proc reads (memory cgroup, command line, its namespace's
+/// mounts) must happen while it lives. Its later ones are quiet like
+/// fork/exec/exit (`submit_quiet`): a worker cycling segments woke the
+/// agent for each, and the wakeups, not the events, were most of its CPU.
+/// A failure's wakeup drains them first, in kernel-time order.
+#[inline(always)]
+pub fn submit_tmpfs(mut e: RingBufEntry<Event>) {
+    if !kernel::all_processes() {
+        e.submit(BPF_RB_FORCE_WAKEUP);
+        return;
+    }
+    let tgid = body(&mut e).tgid;
+    // SAFETY: only presence is tested; no reference is kept.
+    if unsafe { WOKE.get(tgid) }.is_none() {
+        let _ = WOKE.insert(tgid, 1, 0);
+        e.submit(BPF_RB_FORCE_WAKEUP);
+        return;
+    }
+    submit_quiet(e);
+}
+
+/// A process is gone: its next namesake wakes user space again.
+#[inline(always)]
+pub fn forget_woken(tgid: u32) {
+    let _ = WOKE.remove(tgid);
 }
 
 /// The event behind a reserved entry.

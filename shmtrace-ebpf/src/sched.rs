@@ -103,5 +103,6 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     // The process is gone: its entries go with it (bounded maps).
     let _ = TRACED.remove(tgid);
     let _ = SHM_MAPPED.remove(tgid);
+    emit::forget_woken(tgid);
     0
 }

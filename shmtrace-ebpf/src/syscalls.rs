@@ -85,7 +85,7 @@ fn on_recvmsg(regs: u64) {
         let ev = emit::body(&mut e);
         ev.syscall = nr!(recvmsg);
         ev.args[0] = controllen;
-        emit::submit_now(e);
+        emit::submit_tmpfs(e);
     }
 }
 
@@ -127,7 +127,7 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
         ev.args[i] = arg(regs, i);
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
-    emit::submit_now(e);
+    emit::submit_tmpfs(e);
 }
 
 #[inline(always)]
@@ -268,7 +268,7 @@ fn on_mmap(regs: u64, addr: i64) {
     kernel::fill_file_info(&mut ev.file, file, inode);
     // Where it is mounted, for a namespace gone before user space reads it.
     kernel::fill_mountpoint(&mut ev.path, file);
-    emit::submit_now(e);
+    emit::submit_tmpfs(e);
 }
 
 /// Sizes of mapped tmpfs files: tells a fault past the end of a file (not
@@ -291,7 +291,7 @@ fn on_truncate(regs: u64) {
     ev.args[0] = arg(regs, 0);
     ev.args[1] = arg(regs, 1);
     kernel::fill_file_info(&mut ev.file, file, inode);
-    emit::submit_now(e);
+    emit::submit_tmpfs(e);
 }
 
 #[inline(always)]
@@ -311,5 +311,5 @@ fn on_remap(regs: u64, ret: i64) {
     ev.args[0] = arg(regs, 0);
     ev.args[1] = arg(regs, 1);
     ev.args[2] = arg(regs, 2);
-    emit::submit_now(e);
+    emit::submit_tmpfs(e);
 }

@@ -63,5 +63,5 @@ fn on_unlink(regs: u64, nr: u32) {
     // SAFETY: a user pointer read with the checked helper, bounded by the
     // destination's length.
     let _ = unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut ev.path) };
-    emit::submit_now(e);
+    emit::submit_tmpfs(e);
 }
