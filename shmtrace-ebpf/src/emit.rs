@@ -212,7 +212,9 @@ static KNOWN_NS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(4096, 0);
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
-/// Past this much unread data the events ring wakes its reader anyway.
+const BPF_RB_RING_SIZE: u64 = 1;
+/// Past this much unread data (or a quarter of a smaller ring, sized by
+/// --events-ring) the events ring wakes its reader anyway.
 const WAKE_PAST: u64 = 1 << 20;
 
 /// Submits an everyday event (fork, exec, exit) without waking the reader:
@@ -230,7 +232,8 @@ pub fn submit_quiet(mut e: RingBufEntry<Event>) {
     let ns = body(&mut e).mnt_ns;
     // SAFETY: only presence is tested; no reference is kept.
     let known = unsafe { KNOWN_NS.get(ns) }.is_some();
-    let flags = if !kernel::all_processes() || !known || EVENTS.query(BPF_RB_AVAIL_DATA) > WAKE_PAST
+    let wake_past = WAKE_PAST.min(EVENTS.query(BPF_RB_RING_SIZE) / 4);
+    let flags = if !kernel::all_processes() || !known || EVENTS.query(BPF_RB_AVAIL_DATA) > wake_past
     {
         BPF_RB_FORCE_WAKEUP
     } else {
