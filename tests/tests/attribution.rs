@@ -559,6 +559,51 @@ fn node_wide_lets_go_of_a_finished_containers_namespace() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn node_wide_a_short_lived_tmpfs_writer_is_named_by_its_command_line() {
+    require_root();
+    let _lock = bpf_lock(false);
+    let dir = scratch("short-writer");
+    let report = dir.join("r.json");
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&[], &report);
+    cleanup.pids.push(tracer.id());
+    // Node-wide, a process's tmpfs events after its first do not wake the
+    // agent (it drains them every 200 ms): the first must, so that what
+    // can only be read while it lives (its arguments) is read. This one
+    // creates a file, fills 1 MiB of it and is gone 100 ms later.
+    let script = dir.join("short.sh");
+    std::fs::write(
+        &script,
+        "echo \"{\\\"pid\\\":$$}\"\n\
+         exec 3>/dev/shm/short\n\
+         head -c 1048576 /dev/zero >&3\n\
+         sleep 0.1\n",
+    )
+    .unwrap();
+    let marker = format!("marker-{}", std::process::id());
+    let argv = private_shm("size=8m", &format!("exec sh {} {marker}", script.display()));
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let pid = truth(&String::from_utf8_lossy(&out.stdout))["pid"]
+        .as_u64()
+        .unwrap();
+    let r = report_until(&report, "the writer with its arguments", |r| {
+        r["processes"].as_array().is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["pid"].as_u64() == Some(pid)
+                    && p["cmdline"].as_str().is_some_and(|c| c.contains(&marker))
+            })
+        })
+    });
+    let p = proc_of(&r, pid);
+    assert_eq!(p["comm"], "sh", "{p}");
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    assert!(tracer.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The pane as tmux shows it, wrapped lines joined (a line wider than the
 /// pane would show as one longer line).
 fn pane(session: &str) -> Vec<String> {
