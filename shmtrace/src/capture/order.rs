@@ -3,38 +3,37 @@
 //! order; an event is released only once it is older than the moment the
 //! read began (nothing earlier can still be in flight).
 
-use std::{cmp::Reverse, collections::BinaryHeap};
-
 use crate::event::Event;
 
+/// Events waiting for their turn, in arrival order until a release sorts
+/// them: each ring arrives nearly sorted, so a stable sort of those few
+/// runs is close to linear, and moves each (large) event a few times where
+/// a binary heap moved it at every level.
 #[derive(Default)]
 pub struct Orderer {
-    pending: BinaryHeap<Reverse<Pending>>,
+    pending: Vec<Pending>,
     seq: u64,
 }
 
 impl Orderer {
     pub fn push(&mut self, ev: Event) {
         self.seq += 1;
-        self.pending.push(Reverse(Pending {
+        self.pending.push(Pending {
             ts: ev.header().ts_ns,
             seq: self.seq,
             ev,
-        }));
+        });
     }
 
     /// Every event older than `watermark` (all of them when None), oldest
     /// first; equal times keep their arrival order.
     pub fn release(&mut self, watermark: Option<u64>) -> Vec<Event> {
-        let mut out = Vec::new();
-        while let Some(Reverse(p)) = self.pending.peek() {
-            if watermark.is_some_and(|w| p.ts >= w) {
-                break;
-            }
-            let Reverse(p) = self.pending.pop().expect("peeked");
-            out.push(p.ev);
-        }
-        out
+        self.pending.sort_by_key(|p| (p.ts, p.seq));
+        let n = match watermark {
+            Some(w) => self.pending.partition_point(|p| p.ts < w),
+            None => self.pending.len(),
+        };
+        self.pending.drain(..n).map(|p| p.ev).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -51,26 +50,6 @@ struct Pending {
     ts: u64,
     seq: u64,
     ev: Event,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, o: &Self) -> bool {
-        (self.ts, self.seq) == (o.ts, o.seq)
-    }
-}
-
-impl Eq for Pending {}
-
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
-impl Ord for Pending {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.ts, self.seq).cmp(&(o.ts, o.seq))
-    }
 }
 
 #[cfg(test)]
