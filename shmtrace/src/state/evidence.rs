@@ -3,14 +3,52 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::event::Dev;
+use crate::{event::Dev, units::human_bytes};
 
 /// Events kept per mount.
 const RECENT: usize = 8;
 
+/// One event on a mount, kept as it came: most are pushed out unread, so
+/// the line is written only when a failure shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Noted {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub comm: String,
+    /// The event's name (open, mmap, ftruncate, unlink...).
+    pub kind: &'static str,
+    /// The file's name, escaped.
+    pub name: Option<String>,
+    /// Size and allocation of the file at the event (None for an unlink).
+    pub sizes: Option<(u64, u64)>,
+}
+
+impl Noted {
+    /// "+0.028104s pid 20786 (demo_worker_2) open NAME (size 0 B, 0 B
+    /// allocated)", the time since `start_ns`.
+    pub fn line(&self, start_ns: u64) -> String {
+        let mut line = format!(
+            "+{:.6}s pid {} ({}) {} {}",
+            self.ts_ns.saturating_sub(start_ns) as f64 / 1e9,
+            self.pid,
+            self.comm,
+            self.kind,
+            self.name.as_deref().unwrap_or("?"),
+        );
+        if let Some((size, allocated)) = self.sizes {
+            line.push_str(&format!(
+                " (size {}, {} allocated)",
+                human_bytes(size),
+                human_bytes(allocated)
+            ));
+        }
+        line
+    }
+}
+
 #[derive(Default)]
 pub struct Evidence {
-    recent: HashMap<Dev, VecDeque<String>>,
+    recent: HashMap<Dev, VecDeque<Noted>>,
     events_seen: u64,
     by_kind: BTreeMap<&'static str, u64>,
 }
@@ -31,19 +69,20 @@ impl Evidence {
         *self.by_kind.entry(kind).or_default() += 1;
     }
 
-    /// One line about an event on mount `dev`; the oldest goes past RECENT.
-    pub fn noted(&mut self, dev: Dev, line: String) {
+    /// An event on mount `dev`; the oldest goes past RECENT.
+    pub fn noted(&mut self, dev: Dev, n: Noted) {
         let q = self.recent.entry(dev).or_default();
         if q.len() >= RECENT {
             q.pop_front();
         }
-        q.push_back(line);
+        q.push_back(n);
     }
 
-    pub fn recent_on(&self, dev: Dev) -> Vec<String> {
+    /// The last events on `dev` as lines, times since `start_ns`.
+    pub fn recent_on(&self, dev: Dev, start_ns: u64) -> Vec<String> {
         self.recent
             .get(&dev)
-            .map(|q| q.iter().cloned().collect())
+            .map(|q| q.iter().map(|n| n.line(start_ns)).collect())
             .unwrap_or_default()
     }
 
@@ -100,17 +139,38 @@ mod tests {
         assert!(libraries(["python3.11", "libcuda_fake"].into_iter()).is_empty());
     }
 
+    fn noted(ts_ns: u64, kind: &'static str, sizes: Option<(u64, u64)>) -> Noted {
+        Noted {
+            ts_ns,
+            pid: 7,
+            comm: "w".into(),
+            kind,
+            name: Some("seg".into()),
+            sizes,
+        }
+    }
+
     #[test]
-    fn keeps_the_last_lines_per_mount() {
+    fn keeps_the_last_events_per_mount_and_writes_them_when_asked() {
         let mut e = Evidence::default();
         for i in 0..12 {
-            e.noted(Dev(1), format!("line {i}"));
+            e.noted(
+                Dev(1),
+                noted(1_000_000_000 + i * 1000, "open", Some((4096, 0))),
+            );
         }
-        e.noted(Dev(2), "other".into());
-        let r = e.recent_on(Dev(1));
+        e.noted(Dev(2), noted(2_500_000_000, "unlink", None));
+        let r = e.recent_on(Dev(1), 1_000_000_000);
         assert_eq!(r.len(), RECENT);
-        assert_eq!(r.first().map(String::as_str), Some("line 4"));
-        assert_eq!(e.recent_on(Dev(2)), vec!["other".to_string()]);
+        assert_eq!(
+            r[0],
+            "+0.000004s pid 7 (w) open seg (size 4.0 KiB, 0 B allocated)"
+        );
+        assert_eq!(
+            e.recent_on(Dev(2), 1_000_000_000),
+            vec!["+1.500000s pid 7 (w) unlink seg".to_string()]
+        );
+        assert!(e.recent_on(Dev(3), 0).is_empty());
         e.counted("fork");
         e.counted("fork");
         assert_eq!((e.events_seen, e.by_kind["fork"]), (2, 2));

@@ -6,6 +6,7 @@
 use super::{
     State,
     causes::{Cause, Reason},
+    evidence::Noted,
     failures::Failure,
     removals::{Removal, Where},
 };
@@ -37,14 +38,17 @@ impl State {
             _ => self.where_is(host, h.mnt_ns, h.pid, path),
         };
         if let Where::Mount(dev, name) = &at {
-            let line = format!(
-                "+{:.6}s pid {} ({}) unlink {}",
-                self.since_start(h.ts_ns),
-                h.pid,
-                h.comm,
-                crate::escape::str(name)
+            self.evidence.noted(
+                *dev,
+                Noted {
+                    ts_ns: h.ts_ns,
+                    pid: h.pid,
+                    comm: h.comm.clone(),
+                    kind: "unlink",
+                    name: Some(crate::escape::str(name)),
+                    sizes: None,
+                },
             );
-            self.evidence.noted(*dev, line);
         }
         let container = self
             .container_of_id(host, h.cgroup_id)

@@ -32,12 +32,12 @@ use std::{
 use crate::{
     event::{Addr, Dev, Event, FileKey, FileRef, Header},
     host::{Host, memcg::Memcg},
-    units::{human_bytes, page_size},
+    units::page_size,
 };
 
 use self::{
     containers::Containers,
-    evidence::Evidence,
+    evidence::{Evidence, Noted},
     failures::Failures,
     files::{Files, Seen},
     mappings::{Mapping, MappingTable},
@@ -417,17 +417,17 @@ impl State {
     /// A tmpfs file the kernel described in an event of `h`'s process.
     fn saw_file(&mut self, h: &Header, kind: &'static str, file: &FileRef) {
         // The last events on each mount: evidence for a failure there.
-        let line = format!(
-            "+{:.6}s pid {} ({}) {} {} (size {}, {} allocated)",
-            self.since_start(h.ts_ns),
-            h.pid,
-            h.comm,
-            kind,
-            file.name.as_deref().unwrap_or("?"),
-            human_bytes(file.size.max(0) as u64),
-            human_bytes(file.allocated)
+        self.evidence.noted(
+            file.dev,
+            Noted {
+                ts_ns: h.ts_ns,
+                pid: h.pid,
+                comm: h.comm.clone(),
+                kind,
+                name: file.name.clone(),
+                sizes: Some((file.size.max(0) as u64, file.allocated)),
+            },
         );
-        self.evidence.noted(file.dev, line);
         // The mount's use as the kernel read it at this event: it may fill
         // and empty again before the next sample.
         let m = file.mount;
