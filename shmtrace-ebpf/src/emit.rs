@@ -232,8 +232,10 @@ pub fn submit_quiet(mut e: RingBufEntry<Event>) {
     let ns = body(&mut e).mnt_ns;
     // SAFETY: only presence is tested; no reference is kept.
     let known = unsafe { KNOWN_NS.get(ns) }.is_some();
-    let wake_past = WAKE_PAST.min(EVENTS.query(BPF_RB_RING_SIZE) / 4);
-    let flags = if !kernel::all_processes() || !known || EVENTS.query(BPF_RB_AVAIL_DATA) > wake_past
+    // The ring's size is asked only when the cheaper tests let it matter.
+    let flags = if !kernel::all_processes()
+        || !known
+        || EVENTS.query(BPF_RB_AVAIL_DATA) > WAKE_PAST.min(EVENTS.query(BPF_RB_RING_SIZE) / 4)
     {
         BPF_RB_FORCE_WAKEUP
     } else {

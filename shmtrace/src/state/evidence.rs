@@ -25,11 +25,11 @@ pub struct Noted {
 
 impl Noted {
     /// "+0.028104s pid 20786 (demo_worker_2) open NAME (size 0 B, 0 B
-    /// allocated)", the time since `start_ns`.
-    pub fn line(&self, start_ns: u64) -> String {
+    /// allocated)", its time in seconds as `since` gives it.
+    pub fn line(&self, since: impl Fn(u64) -> f64) -> String {
         let mut line = format!(
             "+{:.6}s pid {} ({}) {} {}",
-            self.ts_ns.saturating_sub(start_ns) as f64 / 1e9,
+            since(self.ts_ns),
             self.pid,
             self.comm,
             self.kind,
@@ -78,11 +78,12 @@ impl Evidence {
         q.push_back(n);
     }
 
-    /// The last events on `dev` as lines, times since `start_ns`.
-    pub fn recent_on(&self, dev: Dev, start_ns: u64) -> Vec<String> {
+    /// The last events on `dev` as lines, times in seconds as `since`
+    /// gives them.
+    pub fn recent_on(&self, dev: Dev, since: impl Fn(u64) -> f64) -> Vec<String> {
         self.recent
             .get(&dev)
-            .map(|q| q.iter().map(|n| n.line(start_ns)).collect())
+            .map(|q| q.iter().map(|n| n.line(&since)).collect())
             .unwrap_or_default()
     }
 
@@ -152,6 +153,7 @@ mod tests {
 
     #[test]
     fn keeps_the_last_events_per_mount_and_writes_them_when_asked() {
+        let since = |t: u64| (t - 1_000_000_000) as f64 / 1e9;
         let mut e = Evidence::default();
         for i in 0..12 {
             e.noted(
@@ -160,17 +162,17 @@ mod tests {
             );
         }
         e.noted(Dev(2), noted(2_500_000_000, "unlink", None));
-        let r = e.recent_on(Dev(1), 1_000_000_000);
+        let r = e.recent_on(Dev(1), since);
         assert_eq!(r.len(), RECENT);
         assert_eq!(
             r[0],
             "+0.000004s pid 7 (w) open seg (size 4.0 KiB, 0 B allocated)"
         );
         assert_eq!(
-            e.recent_on(Dev(2), 1_000_000_000),
+            e.recent_on(Dev(2), since),
             vec!["+1.500000s pid 7 (w) unlink seg".to_string()]
         );
-        assert!(e.recent_on(Dev(3), 0).is_empty());
+        assert!(e.recent_on(Dev(3), since).is_empty());
         e.counted("fork");
         e.counted("fork");
         assert_eq!((e.events_seen, e.by_kind["fork"]), (2, 2));

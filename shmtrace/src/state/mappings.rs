@@ -66,8 +66,8 @@ impl MappingTable {
     /// hooked, so each is checked once a second and at a failure.
     pub fn checks(&self) -> Vec<(u32, Addr, Addr, FileKey)> {
         self.by_pid
-            .iter()
-            .flat_map(|(&pid, v)| v.iter().map(move |m| (pid, m.start, m.end, (m.dev, m.ino))))
+            .keys()
+            .flat_map(|&pid| self.checks_of(pid))
             .collect()
     }
 

@@ -67,7 +67,7 @@ impl State {
                     held_bytes,
                 })
                 .collect();
-            f.events_before = self.evidence.recent_on(dev, self.start_ns);
+            f.events_before = self.evidence.recent_on(dev, |t| self.since_start(t));
             (f.strays, f.stray_count, f.stray_bytes) = self.strays_on(host, dev);
         }
         // As the process sees itself: read now, while it may still be there.
