@@ -238,6 +238,11 @@ pub struct Event {
     /// The tgid in the process's own PID namespace (0 when unknown).
     pub ns_tgid: u32,
     pub _pad_end: u32,
+    /// The id (kernfs inode) of the memory cgroup the task's pages are
+    /// charged to, v1 or v2: tmpfs events and failures only (0 otherwise,
+    /// or when unknown). Read in the kernel because the process may be gone
+    /// before user space could read /proc/PID/cgroup.
+    pub memcg_id: u64,
 }
 
 impl Event {
@@ -260,8 +265,9 @@ const _: () = {
     assert!(offset_of!(FileInfo, name) == 56);
     assert!(offset_of!(FileInfo, parent) == 120);
     assert!(size_of::<ProcLimits>() == 48);
-    assert!(size_of::<Event>() == 480);
+    assert!(size_of::<Event>() == 488);
     assert!(offset_of!(Event, ns_tgid) == 472);
+    assert!(offset_of!(Event, memcg_id) == 480);
     assert!(offset_of!(Event, limits) == 424);
     assert!(offset_of!(Event, kind) == 0);
     assert!(offset_of!(Event, syscall) == 4);
@@ -278,7 +284,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 57 * 4);
+    assert!(size_of::<KernelOffsets>() == 62 * 4);
     assert!(size_of::<SyscallNrs>() == 19 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -362,6 +368,14 @@ pub struct KernelOffsets {
     pub pid_level: u32,
     pub pid_numbers: u32,
     pub upid_size: u32,
+    /// task_struct.cgroups, css_set.subsys[memory_cgrp_id] (the offset of
+    /// that slot), cgroup_subsys_state.cgroup, cgroup.kn and kernfs_node.id:
+    /// the task's memory cgroup id, in whichever hierarchy memory is on.
+    pub task_cgroups: u32,
+    pub css_set_memcg: u32,
+    pub css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kn_id: u32,
 }
 
 /// In a failure record on a tmpfs fd, `path` holds the file's mount point

@@ -137,18 +137,31 @@ pub fn start_failure(
 ) -> Option<RingBufEntry<Event>> {
     // SAFETY: only presence is tested; no reference is kept.
     let first = dev != 0 && unsafe { FAILED_MOUNTS.get(dev) }.is_none();
-    if first {
+    let mut e = if first {
         let _ = FAILED_MOUNTS.insert(dev, 1, 0);
-        if let Some(e) = reserve(&FIRSTS, kind, ts_ns) {
-            return Some(e);
+        match reserve(&FIRSTS, kind, ts_ns) {
+            Some(e) => e,
+            None => {
+                count_lost(lost::FIRST);
+                start_at(Ring::Failures, kind, ts_ns)?
+            }
         }
-        count_lost(lost::FIRST);
-        return start_at(Ring::Failures, kind, ts_ns);
-    }
-    if !spend(&FAIL_RATE, tgid, rate::FAILURES, lost::RATE_LIMITED) {
-        return None;
-    }
-    start_at(Ring::Failures, kind, ts_ns)
+    } else {
+        if !spend(&FAIL_RATE, tgid, rate::FAILURES, lost::RATE_LIMITED) {
+            return None;
+        }
+        start_at(Ring::Failures, kind, ts_ns)?
+    };
+    // The limit that applies to the failing task's pages (rare path).
+    with_memcg(&mut e);
+    Some(e)
+}
+
+/// Stamps the current task's memory cgroup id on `e`: a few reads, kept to
+/// failures and the tmpfs events that wake user space.
+#[inline(always)]
+fn with_memcg(e: &mut RingBufEntry<Event>) {
+    body(e).memcg_id = kernel::task_memcg_id(kernel::current_task());
 }
 
 pub enum Ring {
@@ -260,14 +273,15 @@ static WOKE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 
 /// Submits an ordinary tmpfs event (open, mmap, mremap, ftruncate,
 /// unlink, fds received). The first of each process wakes user space at
-/// once: its /proc reads (memory cgroup, command line, its namespace's
-/// mounts) must happen while it lives. Its later ones are quiet like
+/// once, stamped with its memory cgroup: its /proc reads (command line,
+/// its namespace's mounts) must happen while it lives. Its later ones are quiet like
 /// fork/exec/exit (`submit_quiet`): a worker cycling segments woke the
 /// agent for each, and the wakeups, not the events, were most of its CPU.
 /// A failure's wakeup drains them first, in kernel-time order.
 #[inline(always)]
 pub fn submit_tmpfs(mut e: RingBufEntry<Event>) {
     if !kernel::all_processes() {
+        with_memcg(&mut e);
         e.submit(BPF_RB_FORCE_WAKEUP);
         return;
     }
@@ -275,6 +289,7 @@ pub fn submit_tmpfs(mut e: RingBufEntry<Event>) {
     // SAFETY: only presence is tested; no reference is kept.
     if unsafe { WOKE.get(tgid) }.is_none() {
         let _ = WOKE.insert(tgid, 1, 0);
+        with_memcg(&mut e);
         e.submit(BPF_RB_FORCE_WAKEUP);
         return;
     }

@@ -64,6 +64,11 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     pid_level: M,
     pid_numbers: M,
     upid_size: M,
+    task_cgroups: M,
+    css_set_memcg: M,
+    css_cgroup: M,
+    cgroup_kn: M,
+    kn_id: M,
 };
 
 // SAFETY (no_mangle): a unique symbol name, looked up by the loader.
@@ -200,6 +205,20 @@ pub fn task_ns_tgid(task: u64) -> u32 {
         return 0;
     }
     read::<u32>(pid, numbers + level * size).unwrap_or(0)
+}
+
+/// The id of `task`'s memory cgroup: task->cgroups->subsys[memory]->
+/// cgroup->kn->id, the kernfs inode number of its directory in the
+/// hierarchy the memory controller is on (0 when unknown). On v2 that is
+/// the nearest cgroup at or above the task's with memory enabled: where its
+/// pages are charged.
+#[inline(always)]
+pub fn task_memcg_id(task: u64) -> u64 {
+    let cset = read_ptr(task, off!(task_cgroups));
+    let css = read_ptr(cset, off!(css_set_memcg));
+    let cgroup = read_ptr(css, off!(css_cgroup));
+    let kn = read_ptr(cgroup, off!(cgroup_kn));
+    read::<u64>(kn, off!(kn_id)).unwrap_or(0)
 }
 
 /// The `struct file` behind `fd` in the current task, or 0.

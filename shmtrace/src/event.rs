@@ -142,6 +142,10 @@ pub struct Header {
     pub mnt_ns: u32,
     /// cgroup v2 id.
     pub cgroup_id: u64,
+    /// The memory cgroup's id (kernfs inode, in the hierarchy memory is on)
+    /// as the kernel read it: failures and tmpfs events that woke user
+    /// space; 0 elsewhere or when unknown.
+    pub memcg_id: u64,
     /// Escaped.
     pub comm: String,
 }

@@ -8,17 +8,32 @@ use shmtrace_tests::*;
 const VENV: &str = "/var/cache/shmtrace/torch-venv/bin/python";
 
 /// `run_traced` of `script` in a private mount namespace, inside a fresh
-/// v1 memory cgroup limited to `limit` (removed afterwards).
-fn in_memory_cgroup(name: &str, limit: &str, script: &str) -> Traced {
+/// v1 memory cgroup limited to `limit` (removed afterwards), with that
+/// cgroup's id (its directory's inode number).
+fn in_memory_cgroup(name: &str, limit: &str, script: &str) -> (Traced, u64) {
     let cg = format!(
         "/sys/fs/cgroup/memory/shmtrace-test-{name}-{}",
         std::process::id()
     );
     std::fs::create_dir_all(&cg).expect("memory cgroup (v1 memory controller)");
     std::fs::write(format!("{cg}/memory.limit_in_bytes"), limit).unwrap();
+    let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&cg).unwrap());
     let t = in_cgroup(&cg, script);
     let _ = std::fs::remove_dir(&cg);
-    t
+    (t, id)
+}
+
+/// The memory cgroup ids the kernel put in `comm`'s events.
+fn memcg_ids_of(t: &Traced, comm: &str) -> Vec<u64> {
+    let mut ids: Vec<u64> = t
+        .events
+        .iter()
+        .filter(|e| e["comm"] == comm)
+        .filter_map(|e| e["memcg_id"].as_u64())
+        .filter(|&id| id != 0)
+        .collect();
+    ids.dedup();
+    ids
 }
 
 /// `run_traced` of `script` in a private mount namespace inside the
@@ -137,7 +152,7 @@ fn leftover_files_of_exited_processes_are_subtracted_and_named() {
 /// cannot hold is no fix, and the diagnosis says so ahead of the OOM kill.
 #[test]
 fn a_size_beyond_the_memory_limit_is_flagged() {
-    let t = in_memory_cgroup(
+    let (t, id) = in_memory_cgroup(
         "headroom",
         "48M",
         "mount -t tmpfs -o size=32m tmpfs /dev/shm && \
@@ -145,7 +160,15 @@ fn a_size_beyond_the_memory_limit_is_flagged() {
     );
     let f = t.first();
     assert_eq!(f["kind"], "enospc", "{}", t.stderr());
-    assert_eq!(f["memcg"]["limit_bytes"].as_u64(), Some(48 << 20), "{f}");
+    // The kernel names the cgroup in dd's open and its failure: dd may be
+    // gone before /proc/PID/cgroup is read.
+    assert_eq!(memcg_ids_of(&t, "dd"), vec![id], "{}", t.stderr());
+    assert_eq!(
+        f["memcg"]["limit_bytes"].as_u64(),
+        Some(48 << 20),
+        "{f}\n{}",
+        t.stderr()
+    );
     let d = &t.report["diagnosis"];
     // 32 MiB + 1 MiB asked, +25%, rounded: 64 MiB, more than 48 MiB allows.
     assert_eq!(d["recommended_shm_bytes"].as_u64(), Some(64 << 20), "{d}");
@@ -224,20 +247,26 @@ fn pypi_torch_multiprocessing_consumer_that_keeps_tensors() {
 /// fill: the pod is OOM-killed first).
 #[test]
 fn a_mount_its_writers_memory_limit_cannot_fill_is_flagged_before_any_failure() {
-    let t = in_memory_cgroup(
+    let (t, id) = in_memory_cgroup(
         "ahead",
         "24M",
         "mount -t tmpfs -o size=64m tmpfs /dev/shm && \
          dd if=/dev/zero of=/dev/shm/x bs=1M count=8 2>/dev/null && sleep 2.5",
     );
     assert!(t.first().is_null(), "no failure: {}", t.stderr());
+    assert_eq!(memcg_ids_of(&t, "dd"), vec![id], "{}", t.stderr());
     let flagged: Vec<&Value> = t.report["mounts"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|m| !m["memory_headroom"].is_null())
         .collect();
-    assert_eq!(flagged.len(), 1, "only the job's /dev/shm: {flagged:?}");
+    assert_eq!(
+        flagged.len(),
+        1,
+        "only the job's /dev/shm: {flagged:?}\n{}",
+        t.stderr()
+    );
     let m = flagged[0];
     assert_eq!(m["mountpoint"], "/dev/shm");
     assert_eq!(m["size_bytes"].as_u64(), Some(64 << 20));
@@ -379,7 +408,7 @@ fn a_pod_sized_emptydir_says_which_kubernetes_rule_made_it() {
         .unwrap()
         .iter()
         .find(|m| !m["memory_headroom"].is_null())
-        .unwrap_or_else(|| panic!("flagged: {}", t.report["mounts"]));
+        .unwrap_or_else(|| panic!("flagged: {}\n{}", t.report["mounts"], t.stderr()));
     let w = m["memory_headroom"].as_str().unwrap();
     assert!(w.contains("allows 24.0 MiB"), "{w}");
     assert!(

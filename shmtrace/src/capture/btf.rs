@@ -46,10 +46,12 @@ enum Type {
     Other,
 }
 
-/// Parsed kernel BTF: types by id, and struct/union ids by name.
+/// Parsed kernel BTF: types by id, struct/union ids by name, and enum
+/// constants by name.
 pub struct Btf {
     types: Vec<Type>,
     by_name: HashMap<String, Vec<u32>>,
+    enumerators: HashMap<String, i64>,
 }
 
 impl Btf {
@@ -95,6 +97,7 @@ impl Btf {
         // Type id 0 is void.
         let mut types = vec![Type::Other];
         let mut by_name: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut enumerators = HashMap::new();
         let mut p = type_off;
         let end = type_off + type_len;
         while p < end {
@@ -122,10 +125,22 @@ impl Btf {
                     Type::Composite { members }
                 }
                 KIND_ENUM => {
+                    for i in 0..vlen {
+                        let e = p + i * 8;
+                        // kind_flag set: the values are signed.
+                        let v = u32_at(e + 4)?;
+                        let v = if kind_flag { v as i32 as i64 } else { v as i64 };
+                        enumerators.entry(name(u32_at(e)?)).or_insert(v);
+                    }
                     p += vlen * 8;
                     Type::Other
                 }
                 KIND_ENUM64 => {
+                    for i in 0..vlen {
+                        let e = p + i * 12;
+                        let v = ((u32_at(e + 8)? as u64) << 32) | u32_at(e + 4)? as u64;
+                        enumerators.entry(name(u32_at(e)?)).or_insert(v as i64);
+                    }
                     p += vlen * 12;
                     Type::Other
                 }
@@ -156,7 +171,17 @@ impl Btf {
             }
             types.push(ty);
         }
-        Ok(Self { types, by_name })
+        Ok(Self {
+            types,
+            by_name,
+            enumerators,
+        })
+    }
+
+    /// The value of enum constant `name` (e.g. `memory_cgrp_id`, whose
+    /// value depends on the kernel's configuration).
+    pub fn enum_value(&self, name: &str) -> Option<i64> {
+        self.enumerators.get(name).copied()
     }
 
     fn resolve(&self, mut id: u32) -> u32 {
@@ -219,7 +244,7 @@ mod tests {
     /// Builds a tiny BTF blob: struct outer { int a; union { int b; long c; }; struct inner in; }
     /// struct inner { int x; int y; }
     fn blob() -> Vec<u8> {
-        let strings = b"\0outer\0a\0b\0c\0in\0inner\0x\0y\0int\0";
+        let strings = b"\0outer\0a\0b\0c\0in\0inner\0x\0y\0int\0ids\0cpu_id\0memory_id\0";
         let s = |n: &str| -> u32 {
             let needle = format!("\0{n}\0");
             (strings
@@ -268,6 +293,14 @@ mod tests {
         push(s("in"));
         push(2);
         push(128);
+        // 5: enum ids { cpu_id = 0, memory_id = 4 }
+        push(s("ids"));
+        push((KIND_ENUM << 24) | 2);
+        push(4);
+        push(s("cpu_id"));
+        push(0);
+        push(s("memory_id"));
+        push(4);
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.push(1);
@@ -290,6 +323,10 @@ mod tests {
         assert_eq!(btf.offset("outer", "in.y"), Some(20));
         assert_eq!(btf.offset("outer", "nope"), None);
         assert_eq!(btf.offset("missing", "a"), None);
+        // Enum constants, by name.
+        assert_eq!(btf.enum_value("memory_id"), Some(4));
+        assert_eq!(btf.enum_value("cpu_id"), Some(0));
+        assert_eq!(btf.enum_value("nope"), None);
     }
 
     #[test]

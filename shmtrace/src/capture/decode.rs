@@ -244,6 +244,7 @@ fn header(ev: &wire::Event) -> Header {
         ns_pid: ev.ns_tgid,
         mnt_ns: ev.mnt_ns,
         cgroup_id: ev.cgroup_id,
+        memcg_id: ev.memcg_id,
         comm: escape::bytes(&ev.comm),
     }
 }

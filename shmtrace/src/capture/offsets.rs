@@ -93,6 +93,27 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
             MISSING => MISSING,
             ns => ns + 8,
         },
+        task_cgroups: get("task_struct", "cgroups", false),
+        css_set_memcg: MISSING,
+        css_cgroup: get("cgroup_subsys_state", "cgroup", false),
+        cgroup_kn: get("cgroup", "kn", false),
+        kn_id: get("kernfs_node", "id", false),
+    };
+    // The memory controller's slot in css_set.subsys: its index is an enum
+    // constant that depends on which controllers the kernel was built with.
+    o.css_set_memcg = match (
+        btf.enum_value("memory_cgrp_id"),
+        get("css_set", "subsys", false),
+    ) {
+        (Some(i), subsys) if subsys != MISSING && (0..64).contains(&i) => subsys + 8 * i as u32,
+        _ => {
+            notes.push(
+                "kernel BTF has no memory_cgrp_id (no memory controller): a failing \
+                 process's memory cgroup is read from /proc only"
+                    .into(),
+            );
+            MISSING
+        }
     };
     if !missing_required.is_empty() {
         bail!(

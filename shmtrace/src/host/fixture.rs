@@ -37,6 +37,8 @@ pub struct Fixture {
     pub ns_pids: HashMap<u32, u32>,
     /// pid -> (hierarchy version, memory cgroup path).
     pub memcgs: HashMap<u32, (u8, String)>,
+    /// Memory cgroup id (as events carry it) -> (version, path).
+    pub memcg_ids: HashMap<u64, (u8, String)>,
     /// (version, path) -> what the memory cgroup reads now.
     pub memcg_stats: HashMap<(u8, String), Memcg>,
     pub oom_lines: HashMap<u32, super::kmsg::OomLine>,
@@ -238,6 +240,9 @@ impl Host for Fixture {
     }
     fn memcg_of(&self, pid: u32) -> Option<(u8, String)> {
         self.memcgs.get(&pid).cloned()
+    }
+    fn memcg_path(&mut self, id: u64) -> Option<(u8, String)> {
+        self.memcg_ids.get(&id).cloned()
     }
     fn kernel_oom(&mut self, pid: u32) -> Option<super::kmsg::OomLine> {
         self.oom_lines.get(&pid).cloned()

@@ -3,7 +3,11 @@
 //! against its memory limit (an OOM kill, not ENOSPC, when the limit is
 //! lower than the mount).
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
 
 use serde::Serialize;
 
@@ -107,6 +111,45 @@ pub fn read(root: &Path, pid: u32) -> Option<Memcg> {
     read_at(root, version, &path)
 }
 
+/// Where hierarchy `version` is mounted under `root`.
+fn base(root: &Path, version: u8) -> Option<PathBuf> {
+    match version {
+        1 => Some(root.join("sys/fs/cgroup/memory")),
+        _ => ["sys/fs/cgroup/unified", "sys/fs/cgroup"]
+            .iter()
+            .map(|b| root.join(b))
+            .find(|b| b.join("cgroup.controllers").exists()),
+    }
+}
+
+/// The hierarchy the memory controller is on: v1 where it is mounted
+/// (a hybrid host), else v2.
+fn memory_version(root: &Path) -> u8 {
+    let v1 = root.join("sys/fs/cgroup/memory/memory.limit_in_bytes");
+    if v1.exists() { 1 } else { 2 }
+}
+
+/// Every memory cgroup by the id the kernel gives it (its directory's
+/// inode number, `Event::memcg_id`): id -> (version, raw path). One walk
+/// of the hierarchy memory is on, bounded like the v2 walk.
+pub fn ids(root: &Path) -> HashMap<u64, (u8, String)> {
+    let version = memory_version(root);
+    let Some(base) = base(root, version) else {
+        return HashMap::new();
+    };
+    let mut paths = HashMap::new();
+    if let Ok(md) = std::fs::metadata(&base) {
+        paths.insert(md.ino(), "/".to_string());
+    }
+    // Raw, as /proc/PID/cgroup writes them: `read_at` takes these paths.
+    let raw = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    super::procfs::walk(&base, &base, &mut paths, 0, &raw);
+    paths
+        .into_iter()
+        .map(|(id, p)| (id, (version, p)))
+        .collect()
+}
+
 /// Reads memory cgroup `path` of hierarchy `version` under `root`, and its
 /// ancestors' limits up to the root: the tightest is the one that applies.
 pub fn read_at(root: &Path, version: u8, path: &str) -> Option<Memcg> {
@@ -115,13 +158,7 @@ pub fn read_at(root: &Path, version: u8, path: &str) -> Option<Memcg> {
     if rel.split('/').any(|c| c == "..") {
         return None;
     }
-    let base: PathBuf = match version {
-        1 => root.join("sys/fs/cgroup/memory"),
-        _ => ["sys/fs/cgroup/unified", "sys/fs/cgroup"]
-            .iter()
-            .map(|b| root.join(b))
-            .find(|b| b.join("cgroup.controllers").exists())?,
-    };
+    let base = base(root, version)?;
     let (limit_file, usage_file) = match version {
         1 => ("memory.limit_in_bytes", "memory.usage_in_bytes"),
         _ => ("memory.max", "memory.current"),

@@ -155,6 +155,12 @@ pub trait Host {
     fn memcg_of(&self, _pid: u32) -> Option<(u8, String)> {
         None
     }
+    /// The memory cgroup the kernel named by id in an event
+    /// (`Header::memcg_id`): (hierarchy version, raw path). A walk of the
+    /// hierarchy, at most once a second on a miss.
+    fn memcg_path(&mut self, _id: u64) -> Option<(u8, String)> {
+        None
+    }
     /// A memory cgroup's limit, usage and shmem now (at a failure).
     fn memcg_at(&self, _version: u8, _path: &str) -> Option<memcg::Memcg> {
         None

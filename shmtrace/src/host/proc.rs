@@ -1,6 +1,6 @@
 //! The real host: /proc, statfs, stat, cgroupfs, and the namespace anchors.
 
-use std::{collections::HashMap, path::Path, time::Instant};
+use std::{collections::HashMap, path::Path, sync::Arc, time::Instant};
 
 use super::{
     FdEntry, FileStat, Host, Limits, Lookup, MapsEntry,
@@ -25,6 +25,10 @@ pub struct ProcHost {
     /// cgroup v2 id -> path, from the last walk of the hierarchy.
     cgroup_ids: HashMap<u64, String>,
     last_walk: Option<Instant>,
+    /// Memory cgroup id -> (version, raw path), from the last walk of the
+    /// hierarchy the memory controller is on.
+    memcg_ids: Arc<HashMap<u64, (u8, String)>>,
+    last_memcg_walk: Option<Instant>,
     /// Reads that may block run here, with a timeout.
     io: Blocking,
     /// The kernel log from shmtrace's start, for OOM kills.
@@ -46,6 +50,8 @@ impl ProcHost {
             anchors: Anchors::new(self_ns),
             cgroup_ids: HashMap::new(),
             last_walk: None,
+            memcg_ids: Arc::default(),
+            last_memcg_walk: None,
             io: Blocking::new(),
             kmsg: super::kmsg::Kmsg::open(),
         }
@@ -234,6 +240,26 @@ impl Host for ProcHost {
             .flatten()
     }
 
+    fn memcg_path(&mut self, id: u64) -> Option<(u8, String)> {
+        if id != 0
+            && !self.memcg_ids.contains_key(&id)
+            && self
+                .last_memcg_walk
+                .is_none_or(|t| t.elapsed().as_secs() >= 1)
+        {
+            self.last_memcg_walk = Some(Instant::now());
+            // A walk of cgroupfs, off the event loop like any read of the
+            // machine; the map is rebuilt so removed cgroups leave it.
+            if let Some(ids) = self
+                .io
+                .run(|| "memcg walk".into(), || super::memcg::ids(Path::new("/")))
+            {
+                self.memcg_ids = Arc::new(ids);
+            }
+        }
+        self.memcg_ids.get(&id).cloned()
+    }
+
     fn kernel_oom(&mut self, pid: u32) -> Option<super::kmsg::OomLine> {
         self.kmsg.oom_line(pid)
     }
@@ -270,7 +296,7 @@ impl Host for ProcHost {
             self.cgroup_ids.clear();
             if let Some(root) = v2_root() {
                 let root = Path::new(root);
-                walk(root, root, &mut self.cgroup_ids, 0);
+                walk(root, root, &mut self.cgroup_ids, 0, &escape::bytes);
             }
         }
         self.cgroup_ids.get(&id).cloned()

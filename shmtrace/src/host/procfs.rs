@@ -417,7 +417,16 @@ pub fn v2_root() -> Option<&'static str> {
 /// cgroups remembered from one walk of the hierarchy.
 const MAX_CGROUPS: usize = 65536;
 
-pub fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usize) {
+/// Every cgroup directory below `dir` (16 deep at most): its inode number,
+/// which is the kernel's id for it, -> its path under `root` as `name`
+/// writes it.
+pub fn walk(
+    root: &Path,
+    dir: &Path,
+    out: &mut HashMap<u64, String>,
+    depth: usize,
+    name: &dyn Fn(&[u8]) -> String,
+) {
     if depth > 16 {
         return;
     }
@@ -431,13 +440,13 @@ pub fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>, depth: usiz
             let rel = e
                 .path()
                 .strip_prefix(root)
-                .map(|r| format!("/{}", escape::bytes(r.as_os_str().as_encoded_bytes())))
+                .map(|r| format!("/{}", name(r.as_os_str().as_encoded_bytes())))
                 .unwrap_or_default();
             if out.len() >= MAX_CGROUPS {
                 return;
             }
             out.insert(md.ino(), rel);
-            walk(root, &e.path(), out, depth + 1);
+            walk(root, &e.path(), out, depth + 1, name);
         }
     }
 }

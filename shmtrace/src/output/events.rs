@@ -23,6 +23,7 @@ pub fn to_json(ev: &Event, start_ns: u64) -> Value {
     put("comm", json!(h.comm));
     put("mnt_ns", json!(h.mnt_ns));
     put("cgroup_id", json!(h.cgroup_id));
+    put("memcg_id", json!(h.memcg_id));
     match ev {
         Event::Fork { child, .. } => put("child_pid", json!(child)),
         Event::Exec {

@@ -18,6 +18,7 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
         ns_pid: 0,
         mnt_ns: SELF_NS,
         cgroup_id: 0,
+        memcg_id: 0,
         comm: "w".into(),
     };
     let file = FileRef {

@@ -14,12 +14,14 @@ use crate::{
 };
 
 impl State {
-    /// `pid`'s memory cgroup as it stands now: where it was when it created
-    /// a tmpfs file (it may have exited since), else where it is.
+    /// `pid`'s memory cgroup as it stands now: where the kernel saw it at
+    /// its tmpfs events or failure (it may have exited since), else where
+    /// it is.
     pub(super) fn memcg_now(&self, host: &mut dyn Host, pid: u32) -> Option<Memcg> {
         let p = self.procs.get(pid);
         let (version, mut path) = p
             .and_then(|p| p.memcg.clone())
+            .or_else(|| p.and_then(|p| host.memcg_path(p.memcg_id)))
             .or_else(|| host.memcg_of(pid))?;
         // A process that already exited shows the root: the cgroup it was
         // seen in while it lived stands in (a victim of the OOM killer is

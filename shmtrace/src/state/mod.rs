@@ -281,6 +281,11 @@ impl State {
         // out: neither says anything about the process it is about.
         if !matches!(ev, Event::Sigbus { .. } | Event::OomVictim { .. }) {
             self.procs.seen(h);
+            // Its memory cgroup as the kernel named it: resolved now, when
+            // the id is known, and at each tick otherwise.
+            if h.memcg_id != 0 && !self.procs.has_memcg(h.pid) {
+                self.procs.set_memcg(h.pid, host.memcg_path(h.memcg_id));
+            }
             // First sight of a mount namespace: anchor it while a process
             // of it is surely alive (this one, at this event).
             if host.anchor_of(h.mnt_ns).is_none() {
@@ -343,9 +348,12 @@ impl State {
             } => {
                 let creat = flags & libc::O_CREAT as u64 != 0;
                 let created = creat && file.size == 0 && file.allocated == 0;
-                // A writer of tmpfs: where its pages will be charged, and
-                // what it runs.
-                if self.procs.get(h.pid).is_some() && !self.procs.has_memcg(h.pid) {
+                // A writer of tmpfs: where its pages will be charged (from
+                // /proc when the kernel gave no id), and what it runs.
+                if self.procs.get(h.pid).is_some()
+                    && !self.procs.has_memcg(h.pid)
+                    && h.memcg_id == 0
+                {
                     self.procs.set_memcg(h.pid, host.memcg_of(h.pid));
                 }
                 self.read_cmdline(host, h.pid);
@@ -615,6 +623,13 @@ impl State {
         for pid in self.procs.reap(|pid| pinned.contains(&pid)) {
             self.files.forget_pid(pid);
             self.containers.forget(pid);
+        }
+        // Memory cgroups named by an id that was new at the event: the walk
+        // runs at most once a second (the process may be gone by now).
+        for (pid, id) in self.procs.unresolved_memcgs() {
+            if let Some(m) = host.memcg_path(id) {
+                self.procs.set_memcg(pid, Some(m));
+            }
         }
         self.refresh_files(host);
         let mut devs = self.files.devs();

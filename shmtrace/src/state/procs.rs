@@ -63,6 +63,11 @@ pub struct Proc {
     /// when it first created a tmpfs file: an exited process shows the root.
     #[serde(skip)]
     pub memcg: Option<(u8, String)>,
+    /// The memory cgroup's id as the kernel read it at its last tmpfs event
+    /// or failure (0: none yet): stands for `memcg` until resolved to a
+    /// path, after the process has gone as well.
+    #[serde(skip)]
+    pub memcg_id: u64,
 }
 
 impl Proc {
@@ -77,6 +82,7 @@ impl Proc {
             mnt_ns: 0,
             cgroup_id: 0,
             memcg: None,
+            memcg_id: 0,
             root: false,
             first_seen_ns: ts,
             exit_ts_ns: None,
@@ -154,6 +160,11 @@ impl ProcessTree {
         p.cgroup_id = h.cgroup_id;
         if h.ns_pid != 0 && h.ns_pid != h.pid {
             p.ns_pid = Some(h.ns_pid);
+        }
+        // Moved to another memory cgroup: where its pages go now.
+        if h.memcg_id != 0 && h.memcg_id != p.memcg_id {
+            p.memcg_id = h.memcg_id;
+            p.memcg = None;
         }
     }
 
@@ -284,6 +295,16 @@ impl ProcessTree {
 
     pub fn has_memcg(&self, pid: u32) -> bool {
         self.get(pid).is_some_and(|p| p.memcg.is_some())
+    }
+
+    /// Processes whose memory cgroup the kernel named by an id not yet
+    /// resolved to a path: (pid, id).
+    pub fn unresolved_memcgs(&self) -> Vec<(u32, u64)> {
+        self.procs
+            .values()
+            .filter(|p| p.memcg.is_none() && p.memcg_id != 0)
+            .map(|p| (p.pid, p.memcg_id))
+            .collect()
     }
 
     pub fn set_ns_pid(&mut self, pid: u32, ns_pid: u32) {

@@ -169,6 +169,96 @@ fn a_mount_its_writers_memory_cgroup_cannot_fill_is_flagged_with_the_facts() {
     assert!(st.mount_stats.get(SHM).unwrap().headroom.is_none());
 }
 
+/// A writer that lived a few milliseconds (dd) is gone before /proc could
+/// say where its pages went: the id the kernel put in its events does.
+#[test]
+fn a_writer_gone_before_proc_was_read_is_placed_by_the_kernels_memcg_id() {
+    let (mut st, mut host, mut s) = setup();
+    // No /proc answer for 30 at any time, and the id unknown at first: a
+    // cgroup made after the last walk.
+    host.memcg_stats.insert(
+        (1, "/job".into()),
+        memcg("/job", 24 * MIB, 10 * MIB, 8 * MIB),
+    );
+    let with_id = |h: Header| Header { memcg_id: 77, ..h };
+    host.file(SHM, 5, 8 * MIB as i64, 8 * MIB, 1);
+    host.open_fd(30, 3, SHM, 5);
+    st.apply(
+        &Event::Opened {
+            h: with_id(s.h(30, 1)),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: file(5, "x", 0, 0, 100),
+        },
+        &mut host,
+    );
+    st.apply(
+        &Event::Truncated {
+            h: s.h(30, 1),
+            fd: 3,
+            length: 8 * MIB,
+            file: file(5, "x", 8 * MIB as i64, 8 * MIB, 100),
+        },
+        &mut host,
+    );
+    assert_eq!(st.procs.get(30).unwrap().memcg, None);
+    // The next walk knows it: the tick resolves it, the process long gone.
+    host.memcg_ids.insert(77, (1, "/job".into()));
+    st.tick(&mut host);
+    assert_eq!(
+        st.procs.get(30).unwrap().memcg,
+        Some((1, "/job".to_string()))
+    );
+    let h = st.mount_stats.get(SHM).unwrap().headroom.as_ref();
+    assert_eq!(h.map(|h| h.memcg.path.as_str()), Some("/job"));
+}
+
+/// A failure carries the failing task's memory cgroup id: its report names
+/// the cgroup even when the process had no earlier tmpfs event and is gone.
+#[test]
+fn a_failure_names_the_memory_cgroup_the_kernel_put_in_its_record() {
+    let (mut st, mut host, mut s) = setup();
+    host.memcg_ids.insert(78, (1, "/job".into()));
+    host.memcg_stats.insert(
+        (1, "/job".into()),
+        memcg("/job", 48 * MIB, 40 * MIB, 30 * MIB),
+    );
+    let h = Header {
+        memcg_id: 78,
+        ..s.h(31, 1)
+    };
+    st.apply(
+        &enospc(h, Syscall::Write, 3, 4096, file(6, "x", 0, 0, 16384)),
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    assert_eq!(f.memcg.as_ref().map(|m| m.path.as_str()), Some("/job"));
+    assert_eq!(f.memcg.as_ref().unwrap().limit_bytes, Some(48 * MIB));
+}
+
+/// Moved to another memory cgroup: its later events say where it is now.
+#[test]
+fn a_process_moved_to_another_memory_cgroup_follows_the_kernels_id() {
+    let (mut st, mut host, mut s) = setup();
+    host.memcg_ids.insert(80, (1, "/a".into()));
+    host.memcg_ids.insert(81, (1, "/b".into()));
+    for id in [80, 81] {
+        let h = Header {
+            memcg_id: id,
+            ..s.h(32, 1)
+        };
+        st.apply(
+            &Event::FdsReceived {
+                h,
+                control_bytes: 0,
+            },
+            &mut host,
+        );
+    }
+    assert_eq!(st.procs.get(32).unwrap().memcg, Some((1, "/b".to_string())));
+}
+
 #[test]
 fn the_failing_process_libraries_tell_its_user() {
     let (mut st, mut host, mut s) = setup();

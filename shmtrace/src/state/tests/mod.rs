@@ -43,6 +43,7 @@ impl Stream {
             ns_pid: 0,
             mnt_ns: SELF_NS,
             cgroup_id: 0,
+            memcg_id: 0,
             comm: format!("worker_{pid}"),
         }
     }
