@@ -196,8 +196,16 @@ fn syscall_exits_report_tmpfs_creation_and_enospc() {
         with_programs(&["sys_exit_files"], 16, |t| {
             // Another process: shmtrace never traces its own.
             let file = mnt.join("seg\nment");
+            // In a memory cgroup of its own (v1, as on this machine), whose
+            // id is its directory's inode.
+            let cg = format!(
+                "/sys/fs/cgroup/memory/shmtrace-programs-{}",
+                std::process::id()
+            );
+            std::fs::create_dir_all(&cg).expect("a v1 memory cgroup");
+            let memcg = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&cg).unwrap());
             let mut child = waiting_shell(&format!(
-                "exec fallocate -l 1M \"$(printf '{}/seg\\nment')\"",
+                "echo $$ > {cg}/cgroup.procs && exec fallocate -l 1M \"$(printf '{}/seg\\nment')\"",
                 mnt.display()
             ));
             let pid = child.id();
@@ -216,7 +224,11 @@ fn syscall_exits_report_tmpfs_creation_and_enospc() {
             });
             let opened = evs.iter().find(|e| is_open(e)).unwrap();
             assert_eq!(opened.file().unwrap().name.as_deref(), Some("seg\\x0ament"));
+            // Both name the memory cgroup the kernel charges it to.
+            let _ = std::fs::remove_dir(&cg);
+            assert_eq!(opened.header().memcg_id, memcg);
             let failed = evs.into_iter().find(is_failure).unwrap();
+            assert_eq!(failed.header().memcg_id, memcg);
             let Event::SyscallFailed { errno, call, .. } = failed else {
                 panic!()
             };
