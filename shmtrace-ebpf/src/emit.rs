@@ -274,9 +274,10 @@ static WOKE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 /// Submits an ordinary tmpfs event (open, mmap, mremap, ftruncate,
 /// unlink, fds received). The first of each process wakes user space at
 /// once, stamped with its memory cgroup: its /proc reads (command line,
-/// its namespace's mounts) must happen while it lives. Its later ones are quiet like
-/// fork/exec/exit (`submit_quiet`): a worker cycling segments woke the
-/// agent for each, and the wakeups, not the events, were most of its CPU.
+/// its namespace's mounts) must happen while it lives. Its later ones are
+/// quiet like fork/exec/exit (`submit_quiet`): a worker cycling segments
+/// woke the agent for each, and the wakeups, not the events, were most of
+/// its CPU.
 /// A failure's wakeup drains them first, in kernel-time order.
 #[inline(always)]
 pub fn submit_tmpfs(mut e: RingBufEntry<Event>) {

@@ -108,8 +108,8 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         (Some(i), subsys) if subsys != MISSING && (0..64).contains(&i) => subsys + 8 * i as u32,
         _ => {
             notes.push(
-                "kernel BTF has no memory_cgrp_id (no memory controller): a failing \
-                 process's memory cgroup is read from /proc only"
+                "kernel BTF has no css_set.subsys or memory_cgrp_id (no memory \
+                 controller): a process's memory cgroup is read from /proc only"
                     .into(),
             );
             MISSING

@@ -4,9 +4,10 @@
 //! lower than the mount).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use serde::Serialize;
@@ -148,6 +149,52 @@ pub fn ids(root: &Path) -> HashMap<u64, (u8, String)> {
         .into_iter()
         .map(|(id, p)| (id, (version, p)))
         .collect()
+}
+
+/// Memory cgroup ids resolved to paths, from the last walk. A miss walks
+/// again, at most once a second; an id missing from a walk that began
+/// after it was asked for is gone (ids are never reused) and walks no more.
+#[derive(Default)]
+pub struct IdCache {
+    ids: HashMap<u64, (u8, String)>,
+    last_walk: Option<Instant>,
+    gone: HashSet<u64>,
+}
+
+/// Gone ids remembered at most (then forgotten together: one more walk).
+const MAX_GONE: usize = 4096;
+
+impl IdCache {
+    /// `id`'s (version, raw path); `walk` is called on a miss when the last
+    /// walk is a second old (None: it did not finish).
+    pub fn lookup(
+        &mut self,
+        id: u64,
+        now: Instant,
+        walk: impl FnOnce() -> Option<HashMap<u64, (u8, String)>>,
+    ) -> Option<(u8, String)> {
+        if id == 0 || self.gone.contains(&id) {
+            return None;
+        }
+        if !self.ids.contains_key(&id)
+            && self
+                .last_walk
+                .is_none_or(|t| now.duration_since(t).as_secs() >= 1)
+        {
+            self.last_walk = Some(now);
+            if let Some(ids) = walk() {
+                // Rebuilt: removed cgroups leave it.
+                self.ids = ids;
+                if !self.ids.contains_key(&id) {
+                    if self.gone.len() >= MAX_GONE {
+                        self.gone.clear();
+                    }
+                    self.gone.insert(id);
+                }
+            }
+        }
+        self.ids.get(&id).cloned()
+    }
 }
 
 /// Reads memory cgroup `path` of hierarchy `version` under `root`, and its
@@ -392,5 +439,57 @@ mod tests {
         );
         assert_eq!(m.oom_kills, None, "no memory.events on v1");
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn ids_are_the_inodes_of_the_hierarchy_memory_is_on() {
+        let root = tempfile::tempdir().unwrap();
+        let base = root.path().join("sys/fs/cgroup/memory");
+        std::fs::create_dir_all(base.join("kubepods/pod1")).unwrap();
+        std::fs::write(base.join("memory.limit_in_bytes"), "1\n").unwrap();
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let found = ids(root.path());
+        assert_eq!(found.get(&ino(&base)), Some(&(1, "/".to_string())));
+        assert_eq!(
+            found.get(&ino(&base.join("kubepods/pod1"))),
+            Some(&(1, "/kubepods/pod1".to_string()))
+        );
+        // No v1 memory controller: the v2 hierarchy.
+        let v2 = tempfile::tempdir().unwrap();
+        let cg = v2.path().join("sys/fs/cgroup");
+        std::fs::create_dir_all(cg.join("kubepods.slice")).unwrap();
+        std::fs::write(cg.join("cgroup.controllers"), "memory\n").unwrap();
+        assert_eq!(
+            ids(v2.path()).get(&ino(&cg.join("kubepods.slice"))),
+            Some(&(2, "/kubepods.slice".to_string()))
+        );
+    }
+
+    #[test]
+    fn an_id_cache_walks_at_most_once_a_second_and_gives_up_on_gone_ids() {
+        let mut c = IdCache::default();
+        let t0 = Instant::now();
+        let walks = std::cell::Cell::new(0);
+        let tree = |with: &[u64]| {
+            walks.set(walks.get() + 1);
+            Some(with.iter().map(|&i| (i, (1, format!("/c{i}")))).collect())
+        };
+        assert_eq!(c.lookup(5, t0, || tree(&[5])), Some((1, "/c5".into())));
+        // A new id within the second: no walk yet.
+        let soon = t0 + std::time::Duration::from_millis(300);
+        assert_eq!(c.lookup(6, soon, || tree(&[5, 6])), None);
+        let later = t0 + std::time::Duration::from_secs(2);
+        assert_eq!(
+            c.lookup(6, later, || tree(&[5, 6])),
+            Some((1, "/c6".into()))
+        );
+        assert_eq!(walks.get(), 2);
+        // Not in a walk that began after it was asked for: gone for good.
+        let after = later + std::time::Duration::from_secs(2);
+        assert_eq!(c.lookup(7, after, || tree(&[5, 6])), None);
+        let much_later = after + std::time::Duration::from_secs(9);
+        assert_eq!(c.lookup(7, much_later, || tree(&[5, 6, 7])), None);
+        assert_eq!(walks.get(), 3, "a gone id walks no more");
+        assert_eq!(c.lookup(0, much_later, || tree(&[0])), None);
     }
 }

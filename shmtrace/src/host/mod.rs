@@ -157,7 +157,7 @@ pub trait Host {
     }
     /// The memory cgroup the kernel named by id in an event
     /// (`Header::memcg_id`): (hierarchy version, raw path). A walk of the
-    /// hierarchy, at most once a second on a miss.
+    /// hierarchy, at most once a second on a miss (`memcg::IdCache`).
     fn memcg_path(&mut self, _id: u64) -> Option<(u8, String)> {
         None
     }

@@ -1,6 +1,6 @@
 //! The real host: /proc, statfs, stat, cgroupfs, and the namespace anchors.
 
-use std::{collections::HashMap, path::Path, sync::Arc, time::Instant};
+use std::{collections::HashMap, path::Path, time::Instant};
 
 use super::{
     FdEntry, FileStat, Host, Limits, Lookup, MapsEntry,
@@ -25,10 +25,9 @@ pub struct ProcHost {
     /// cgroup v2 id -> path, from the last walk of the hierarchy.
     cgroup_ids: HashMap<u64, String>,
     last_walk: Option<Instant>,
-    /// Memory cgroup id -> (version, raw path), from the last walk of the
+    /// Memory cgroup id -> (version, raw path), from walks of the
     /// hierarchy the memory controller is on.
-    memcg_ids: Arc<HashMap<u64, (u8, String)>>,
-    last_memcg_walk: Option<Instant>,
+    memcg_ids: super::memcg::IdCache,
     /// Reads that may block run here, with a timeout.
     io: Blocking,
     /// The kernel log from shmtrace's start, for OOM kills.
@@ -50,8 +49,7 @@ impl ProcHost {
             anchors: Anchors::new(self_ns),
             cgroup_ids: HashMap::new(),
             last_walk: None,
-            memcg_ids: Arc::default(),
-            last_memcg_walk: None,
+            memcg_ids: Default::default(),
             io: Blocking::new(),
             kmsg: super::kmsg::Kmsg::open(),
         }
@@ -241,23 +239,11 @@ impl Host for ProcHost {
     }
 
     fn memcg_path(&mut self, id: u64) -> Option<(u8, String)> {
-        if id != 0
-            && !self.memcg_ids.contains_key(&id)
-            && self
-                .last_memcg_walk
-                .is_none_or(|t| t.elapsed().as_secs() >= 1)
-        {
-            self.last_memcg_walk = Some(Instant::now());
-            // A walk of cgroupfs, off the event loop like any read of the
-            // machine; the map is rebuilt so removed cgroups leave it.
-            if let Some(ids) = self
-                .io
-                .run(|| "memcg walk".into(), || super::memcg::ids(Path::new("/")))
-            {
-                self.memcg_ids = Arc::new(ids);
-            }
-        }
-        self.memcg_ids.get(&id).cloned()
+        let io = &self.io;
+        // A walk of cgroupfs, off the event loop like any read of the machine.
+        self.memcg_ids.lookup(id, Instant::now(), || {
+            io.run(|| "memcg walk".into(), || super::memcg::ids(Path::new("/")))
+        })
     }
 
     fn kernel_oom(&mut self, pid: u32) -> Option<super::kmsg::OomLine> {

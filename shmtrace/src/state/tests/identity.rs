@@ -22,12 +22,24 @@ fn memcg(path: &str, limit: u64, usage: u64, shmem: u64) -> Memcg {
     }
 }
 
-fn create(st: &mut State, host: &mut Fixture, s: &mut Stream, pid: u32, ino: u64, allocated: u64) {
+/// `pid` creates file `ino` of `allocated` bytes; its open carries the
+/// kernel's memory cgroup id `memcg_id` (0: none).
+fn create(
+    st: &mut State,
+    host: &mut Fixture,
+    s: &mut Stream,
+    (pid, memcg_id): (u32, u64),
+    ino: u64,
+    allocated: u64,
+) {
     host.file(SHM, ino, allocated as i64, allocated, 1);
     host.open_fd(pid, 3, SHM, ino);
     st.apply(
         &Event::Opened {
-            h: s.h(pid, 1),
+            h: Header {
+                memcg_id,
+                ..s.h(pid, 1)
+            },
             syscall: Syscall::Openat,
             fd: 3,
             flags: libc::O_CREAT as u64,
@@ -54,7 +66,7 @@ fn a_writer_keeps_the_memory_cgroup_it_created_files_in() {
         (1, "/job".into()),
         memcg("/job", 48 * MIB, 40 * MIB, 30 * MIB),
     );
-    create(&mut st, &mut host, &mut s, 30, 5, MIB);
+    create(&mut st, &mut host, &mut s, (30, 0), 5, MIB);
     // Exited (or moved): /proc would show the root now.
     host.memcgs.insert(30, (1, "/".into()));
     st.apply(
@@ -152,7 +164,7 @@ fn a_mount_its_writers_memory_cgroup_cannot_fill_is_flagged_with_the_facts() {
         (1, "/job".into()),
         memcg("/job", 24 * MIB, 10 * MIB, 8 * MIB),
     );
-    create(&mut st, &mut host, &mut s, 30, 5, 8 * MIB);
+    create(&mut st, &mut host, &mut s, (30, 0), 5, 8 * MIB);
     st.tick(&mut host);
     let m = st.mount_stats.get(SHM).unwrap();
     assert_eq!(m.memory_room_bytes, Some(22 * MIB));
@@ -180,28 +192,7 @@ fn a_writer_gone_before_proc_was_read_is_placed_by_the_kernels_memcg_id() {
         (1, "/job".into()),
         memcg("/job", 24 * MIB, 10 * MIB, 8 * MIB),
     );
-    let with_id = |h: Header| Header { memcg_id: 77, ..h };
-    host.file(SHM, 5, 8 * MIB as i64, 8 * MIB, 1);
-    host.open_fd(30, 3, SHM, 5);
-    st.apply(
-        &Event::Opened {
-            h: with_id(s.h(30, 1)),
-            syscall: Syscall::Openat,
-            fd: 3,
-            flags: libc::O_CREAT as u64,
-            file: file(5, "x", 0, 0, 100),
-        },
-        &mut host,
-    );
-    st.apply(
-        &Event::Truncated {
-            h: s.h(30, 1),
-            fd: 3,
-            length: 8 * MIB,
-            file: file(5, "x", 8 * MIB as i64, 8 * MIB, 100),
-        },
-        &mut host,
-    );
+    create(&mut st, &mut host, &mut s, (30, 77), 5, 8 * MIB);
     assert_eq!(st.procs.get(30).unwrap().memcg, None);
     // The next walk knows it: the tick resolves it, the process long gone.
     host.memcg_ids.insert(77, (1, "/job".into()));
