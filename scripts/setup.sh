@@ -66,6 +66,35 @@ if [[ $want_test -eq 1 ]]; then
             dpkg-deb --fsys-tarfile "$kpkg"_*.deb | tar -x --wildcards './boot/vmlinuz-*' &&
             rm -f "$kpkg"_*.deb)
     fi
+    # The fleet's other kernels: Debian 11's 5.10 (Amazon Linux 2's
+    # generation) and 6.12 (the current LTS) from bookworm-backports, with
+    # an apt configuration of the suite's own: the machine's sources and
+    # package lists stay as they are.
+    if ! ls "$vm_cache"/boot/vmlinuz-5.10.* >/dev/null 2>&1 ||
+        ! ls "$vm_cache"/boot/vmlinuz-6.12.* >/dev/null 2>&1; then
+        apt_dir=$vm_cache/apt
+        mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
+        uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+        [[ -n "$uri" ]] || uri=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+        [[ -n "$uri" ]] || { say "no Debian archive URI in the machine's apt sources"; exit 1; }
+        printf 'deb %s bullseye main\ndeb %s bookworm-backports main\n' "$uri" "$uri" > "$apt_dir/sources.list"
+        own=(-o APT::Sandbox::User=root -o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=/nonexistent
+            -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache::Archives="$apt_dir/archives")
+        say "apt-get update (the suite's own sources: bullseye, bookworm-backports)"
+        apt-get "${own[@]}" update -qq
+        for series in '5\.10' '6\.12'; do
+            ver=${series//\\/}
+            ls "$vm_cache"/boot/vmlinuz-"$ver".* >/dev/null 2>&1 && continue
+            # The plain -amd64 flavour, newest ABI.
+            kpkg=$(apt-cache "${own[@]}" search --names-only "^linux-image-$series\.[0-9.+~a-z-]*-amd64\$" |
+                awk '{print $1}' | grep -v -e '-cloud-' -e '-rt-' | sort -V | tail -1)
+            [[ -n "$kpkg" ]] || { say "no linux-image-$ver package in the archive"; exit 1; }
+            say "fetching $kpkg for the VM tests (unpacked into $vm_cache, not installed)"
+            (cd "$apt_dir/archives" && apt-get "${own[@]}" download -qq "$kpkg" &&
+                dpkg-deb --fsys-tarfile "$kpkg"_*.deb | (cd "$vm_cache" && tar -x --wildcards './boot/vmlinuz-*') &&
+                rm -f "$kpkg"_*.deb)
+        done
+    fi
     # A real container runtime (runc: crun refuses hybrid cgroup layouts).
     apt_install podman runc conmon
     # PyPI's PyTorch (posix_fallocate ENOSPC path), kept outside the checkout.

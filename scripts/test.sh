@@ -14,14 +14,14 @@ cargo build --release --locked -p shmtrace
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-rm -f target/vm-tested.txt
+rm -f target/vm-tested-*.txt
 cargo test --release --locked --no-fail-fast --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # A failed test may leave a workload waiting for its finish file.
 pkill -f "$PWD/target/test-workloads/" 2>/dev/null || true
 set -e
 # The second kernel the VM test booted, when it passed.
-cat target/vm-tested.txt 2>/dev/null || echo "vm: the 6.1 VM test did not pass (see above)"
+for k in 5.10 6.1 6.12; do cat target/vm-tested-$k.txt 2>/dev/null || echo "vm: the $k VM test did not pass (see above)"; done
 # One closing line for the whole suite.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "shmtrace suite: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

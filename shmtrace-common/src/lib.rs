@@ -284,7 +284,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 62 * 4);
+    assert!(size_of::<KernelOffsets>() == 65 * 4);
     assert!(size_of::<SyscallNrs>() == 19 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -332,6 +332,15 @@ pub struct KernelOffsets {
     /// pt_regs: the six syscall argument registers and the syscall number.
     pub regs_args: [u32; 6],
     pub regs_nr: u32,
+    /// task_struct.stack, and where a task's user pt_regs sit above it
+    /// (THREAD_SIZE - sizeof(pt_regs)): how kernels before 5.15, which lack
+    /// bpf_task_pt_regs, give a syscall's arguments at its exit.
+    pub task_stack: u32,
+    pub stack_regs: u32,
+    /// The first of [`REGS_WINDOW`] words of pt_regs that hold the six
+    /// argument registers and orig_ax (x86_64: r10 at 56 to orig_ax at
+    /// 120), read in one helper call; MISSING when they do not fit.
+    pub regs_window: u32,
     /// Classic tracepoint field offsets, from tracefs format files.
     pub tp_exec_filename: u32,
     pub tp_exec_old_pid: u32,
@@ -423,6 +432,10 @@ pub struct Config {
     /// output files on a full tmpfs would feed back).
     pub self_tgid: u32,
 }
+
+/// Words of pt_regs read at once by kernels before 5.15 (see
+/// [`KernelOffsets::regs_window`]).
+pub const REGS_WINDOW: usize = 9;
 
 #[cfg(feature = "user")]
 mod user {

@@ -5,7 +5,8 @@ use aya_ebpf::helpers::{
 };
 use shmtrace_common::{Config, FileInfo, KernelOffsets, SyscallNrs, TMPFS_MAGIC};
 
-const M: u32 = KernelOffsets::MISSING;
+pub(crate) const MISSING: u32 = KernelOffsets::MISSING;
+const M: u32 = MISSING;
 
 // Overridden by the loader (EbpfLoader::override_global); the values here only
 // say "unknown". Read with read_volatile so the compiler cannot fold them.
@@ -40,6 +41,9 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     mnt_ns_inum: M,
     regs_args: [M; 6],
     regs_nr: M,
+    task_stack: M,
+    stack_regs: M,
+    regs_window: M,
     tp_exec_filename: M,
     tp_exec_old_pid: M,
     tp_exit_group_dead: M,

@@ -17,7 +17,7 @@ use shmtrace_common::{EDQUOT, EFBIG, EMFILE, ENFILE, ENOENT, ENOMEM, ENOSPC, Eve
 use crate::{
     emit::{self, Ring, SHM_MAPPED},
     kernel::{self, nr, off},
-    sysexit::{arg, exit_record, is_shm_path, tgid, user_regs},
+    sysexit::{BtfRegs, Regs, StackRegs, exit_record, is_shm_path, tgid},
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -39,17 +39,102 @@ const O_CREAT: u64 = 0o100;
 /// files).
 #[tracepoint]
 pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
+    files::<BtfRegs>(&ctx)
+}
+
+// `sys_exit_files` for kernels before 5.15 (see `StackRegs`), one program
+// per family of syscalls (see `fam`).
+
+/// write, pwrite64, writev, pwritev, pwritev2, fallocate, sendfile64,
+/// splice, copy_file_range: failures.
+#[tracepoint]
+pub fn sys_exit_writes_stack(ctx: TracePointContext) -> u32 {
     let (nr, ret) = exit_record(&ctx);
+    if ret < 0
+        && let Some(regs) = StackRegs::current(nr)
+    {
+        on_failure::<StackRegs, { fam::WRITES }>(regs, nr, ret);
+    }
+    0
+}
+
+/// open, openat, openat2, creat: failures and tmpfs files created.
+#[tracepoint]
+pub fn sys_exit_opens_stack(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if let Some(regs) = StackRegs::current(nr) {
+        if ret < 0 {
+            on_failure::<StackRegs, { fam::OPENS }>(regs, nr, ret);
+        } else {
+            on_open(regs, nr, ret);
+        }
+    }
+    0
+}
+
+/// mmap: every error, and tmpfs mappings.
+#[tracepoint]
+pub fn sys_exit_mmap_stack(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if let Some(regs) = StackRegs::current(nr) {
+        if ret < 0 {
+            on_failure::<StackRegs, { fam::MMAP }>(regs, nr, ret);
+        } else {
+            on_mmap(regs, ret);
+        }
+    }
+    0
+}
+
+/// mremap: every error, and moves of processes that map tmpfs.
+#[tracepoint]
+pub fn sys_exit_mremap_stack(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if let Some(regs) = StackRegs::current(nr) {
+        if ret < 0 {
+            on_failure::<StackRegs, { fam::MREMAP }>(regs, nr, ret);
+        } else {
+            on_remap(regs, ret);
+        }
+    }
+    0
+}
+
+/// ftruncate: failures and sizes of tmpfs files.
+#[tracepoint]
+pub fn sys_exit_ftruncate_stack(ctx: TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(&ctx);
+    if let Some(regs) = StackRegs::current(nr) {
+        if ret < 0 {
+            on_failure::<StackRegs, { fam::FTRUNCATE }>(regs, nr, ret);
+        } else {
+            on_truncate(regs);
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn files<R: Regs>(ctx: &TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(ctx);
+    // Registers are found only past the tests on the record.
+    let is_open = nr == nr!(openat) || nr == nr!(open) || nr == nr!(openat2) || nr == nr!(creat);
+    if ret >= 0 && !is_open && nr != nr!(mmap) && nr != nr!(mremap) && nr != nr!(ftruncate) {
+        return 0;
+    }
+    let Some(regs) = R::current(nr) else {
+        return 0;
+    };
     if ret < 0 {
-        on_failure(user_regs(), nr, ret);
-    } else if nr == nr!(openat) || nr == nr!(open) || nr == nr!(openat2) || nr == nr!(creat) {
-        on_open(user_regs(), nr, ret);
+        on_failure::<R, { fam::ANY }>(regs, nr, ret);
+    } else if is_open {
+        on_open(regs, nr, ret);
     } else if nr == nr!(mmap) {
-        on_mmap(user_regs(), ret);
+        on_mmap(regs, ret);
     } else if nr == nr!(mremap) {
-        on_remap(user_regs(), ret);
-    } else if nr == nr!(ftruncate) {
-        on_truncate(user_regs());
+        on_remap(regs, ret);
+    } else {
+        on_truncate(regs);
     }
     0
 }
@@ -57,9 +142,22 @@ pub fn sys_exit_files(ctx: TracePointContext) -> u32 {
 /// recvmsg: fds received over unix sockets.
 #[tracepoint]
 pub fn sys_exit_recv(ctx: TracePointContext) -> u32 {
-    let (_, ret) = exit_record(&ctx);
-    if ret >= 0 {
-        on_recvmsg(user_regs());
+    recv::<BtfRegs>(&ctx)
+}
+
+/// `sys_exit_recv` for kernels before 5.15.
+#[tracepoint]
+pub fn sys_exit_recv_stack(ctx: TracePointContext) -> u32 {
+    recv::<StackRegs>(&ctx)
+}
+
+#[inline(always)]
+fn recv<R: Regs>(ctx: &TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(ctx);
+    if ret >= 0
+        && let Some(regs) = R::current(nr)
+    {
+        on_recvmsg(regs);
     }
     0
 }
@@ -68,13 +166,13 @@ pub fn sys_exit_recv(ctx: TracePointContext) -> u32 {
 /// only a recvmsg that returned control data (msg_controllen > 0 after the
 /// call) can carry SCM_RIGHTS, so only those are reported.
 #[inline(always)]
-fn on_recvmsg(regs: u64) {
+fn on_recvmsg<R: Regs>(regs: R) {
     let tgid = tgid();
     if !emit::is_traced(tgid) {
         return;
     }
     // struct user_msghdr: msg_controllen (a size_t) at byte 40 on 64-bit.
-    let msg = arg(regs, 1);
+    let msg = regs.arg(1);
     // SAFETY: a user pointer read with the checked helper; a bad pointer
     // returns an error, never a fault.
     let controllen = unsafe { bpf_probe_read_user((msg + 40) as *const u64) }.unwrap_or(0);
@@ -91,19 +189,19 @@ fn on_recvmsg(regs: u64) {
 
 /// Who holds tmpfs files by fd: creations of tmpfs files.
 #[inline(always)]
-fn on_open(regs: u64, nr: u32, fd: i64) {
+fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
     // Only creations: files opened without O_CREAT (a consumer opening a
     // named segment) show up when mapped, and the fd rescan finds them.
     let flags = if nr == nr!(openat) {
-        arg(regs, 2)
+        regs.arg(2)
     } else if nr == nr!(open) {
-        arg(regs, 1)
+        regs.arg(1)
     } else if nr == nr!(creat) {
         O_CREAT
     } else {
         // openat2(dirfd, path, struct open_how *how, size): how->flags first.
         // SAFETY: a user pointer read with the checked helper.
-        unsafe { bpf_probe_read_user(arg(regs, 2) as *const u64) }.unwrap_or(0)
+        unsafe { bpf_probe_read_user(regs.arg(2) as *const u64) }.unwrap_or(0)
     };
     if flags & O_CREAT == 0 {
         return;
@@ -124,16 +222,39 @@ fn on_open(regs: u64, nr: u32, fd: i64) {
     ev.syscall = nr;
     ev.ret = fd;
     for i in 0..4 {
-        ev.args[i] = arg(regs, i);
+        ev.args[i] = regs.arg(i);
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
     emit::submit_tmpfs(e);
 }
 
+/// Which syscalls a program is attached to. `ANY` tells them apart at run
+/// time; the stack variants attach one program per family, so that the
+/// verifier of kernels before 5.15 (which gives up at a million
+/// instructions) follows fewer paths through each.
+mod fam {
+    pub const ANY: u8 = 0;
+    pub const WRITES: u8 = 1;
+    pub const OPENS: u8 = 2;
+    pub const MMAP: u8 = 3;
+    pub const MREMAP: u8 = 4;
+    pub const FTRUNCATE: u8 = 5;
+}
+
 #[inline(always)]
-fn on_failure(regs: u64, nr: u32, ret: i64) {
+fn on_failure<R: Regs, const F: u8>(regs: R, nr: u32, ret: i64) {
     let errno = -ret;
-    let is_map = nr == nr!(mmap) || nr == nr!(mremap);
+    let is_mmap = if F == fam::ANY {
+        nr == nr!(mmap)
+    } else {
+        F == fam::MMAP
+    };
+    let is_mremap = if F == fam::ANY {
+        nr == nr!(mremap)
+    } else {
+        F == fam::MREMAP
+    };
+    let is_map = is_mmap || is_mremap;
     // Errors that mean a limit was hit (space, quota, file size, memory,
     // fds); mmap and mremap report every error: their cause is the point.
     // ENOENT: a segment gone before it was opened (tested on the path below).
@@ -148,19 +269,27 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     {
         return;
     }
-    let by_fd = nr == nr!(write)
-        || nr == nr!(pwrite64)
-        || nr == nr!(writev)
-        || nr == nr!(pwritev)
-        || nr == nr!(pwritev2)
-        || nr == nr!(fallocate)
-        || nr == nr!(ftruncate)
-        || nr == nr!(mmap)
-        || nr == nr!(sendfile)
-        || nr == nr!(splice)
-        || nr == nr!(copy_file_range);
-    let by_path = nr == nr!(open) || nr == nr!(openat) || nr == nr!(openat2) || nr == nr!(creat);
-    if !(by_fd || by_path || nr == nr!(mremap)) {
+    let by_fd = if F == fam::ANY {
+        nr == nr!(write)
+            || nr == nr!(pwrite64)
+            || nr == nr!(writev)
+            || nr == nr!(pwritev)
+            || nr == nr!(pwritev2)
+            || nr == nr!(fallocate)
+            || nr == nr!(ftruncate)
+            || nr == nr!(mmap)
+            || nr == nr!(sendfile)
+            || nr == nr!(splice)
+            || nr == nr!(copy_file_range)
+    } else {
+        F == fam::WRITES || F == fam::FTRUNCATE || F == fam::MMAP
+    };
+    let by_path = if F == fam::ANY {
+        nr == nr!(open) || nr == nr!(openat) || nr == nr!(openat2) || nr == nr!(creat)
+    } else {
+        F == fam::OPENS
+    };
+    if !(by_fd || by_path || is_mremap) {
         return;
     }
     // Stamped before the first map look-up (see `emit::now`).
@@ -172,9 +301,9 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     // only those of /dev/shm/ names are reported.
     if errno == ENOENT {
         let p = if nr == nr!(open) || nr == nr!(creat) {
-            arg(regs, 0)
+            regs.arg(0)
         } else {
-            arg(regs, 1)
+            regs.arg(1)
         };
         if !by_path || !is_shm_path(p) {
             return;
@@ -183,13 +312,15 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     // Only failures on tmpfs files are shm failures: test the fd's filesystem
     // here. Paths (open*) and mremap ranges are classified in user space.
     let (file, inode) = if by_fd {
-        let fd = if nr == nr!(mmap) {
-            arg(regs, 4)
+        let fd = if is_mmap {
+            regs.arg(4)
+        } else if F != fam::WRITES && F != fam::ANY {
+            regs.arg(0)
         } else if nr == nr!(splice) || nr == nr!(copy_file_range) {
             // (fd_in, off_in, fd_out, ...): the tmpfs side is the output.
-            arg(regs, 2)
+            regs.arg(2)
         } else {
-            arg(regs, 0)
+            regs.arg(0)
         };
         let file = kernel::fd_file(fd);
         let inode = kernel::tmpfs_inode(file);
@@ -212,7 +343,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
     ev.syscall = nr;
     ev.ret = ret;
     for i in 0..6 {
-        ev.args[i] = arg(regs, i);
+        ev.args[i] = regs.arg(i);
     }
     // Which limit it ran into, read now: the process may not live long.
     if errno == ENOMEM || errno == EFBIG || errno == EMFILE {
@@ -222,7 +353,7 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
         kernel::fill_file_info(&mut ev.file, file, inode);
         ev.limits.mnt_flags = kernel::file_mnt_flags(file);
         kernel::fill_mountpoint(&mut ev.path, file);
-        if nr == nr!(write) || nr == nr!(writev) {
+        if (F == fam::WRITES || F == fam::ANY) && (nr == nr!(write) || nr == nr!(writev)) {
             // No offset argument: where the file position stood.
             ev.args[3] = kernel::read::<i64>(file, off!(file_pos)).unwrap_or(0) as u64;
         }
@@ -241,8 +372,8 @@ fn on_failure(regs: u64, nr: u32, ret: i64) {
 }
 
 #[inline(always)]
-fn on_mmap(regs: u64, addr: i64) {
-    let flags = arg(regs, 3);
+fn on_mmap<R: Regs>(regs: R, addr: i64) {
+    let flags = regs.arg(3);
     if flags & MAP_ANONYMOUS != 0 {
         return;
     }
@@ -250,7 +381,7 @@ fn on_mmap(regs: u64, addr: i64) {
     if !emit::is_traced(tgid) {
         return;
     }
-    let file = kernel::fd_file(arg(regs, 4));
+    let file = kernel::fd_file(regs.arg(4));
     let inode = kernel::tmpfs_inode(file);
     if inode == 0 {
         return;
@@ -263,7 +394,7 @@ fn on_mmap(regs: u64, addr: i64) {
     ev.syscall = nr!(mmap);
     ev.ret = addr;
     for i in 0..6 {
-        ev.args[i] = arg(regs, i);
+        ev.args[i] = regs.arg(i);
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
     // Where it is mounted, for a namespace gone before user space reads it.
@@ -274,11 +405,11 @@ fn on_mmap(regs: u64, addr: i64) {
 /// Sizes of mapped tmpfs files: tells a fault past the end of a file (not
 /// an allocation failure) from a full tmpfs.
 #[inline(always)]
-fn on_truncate(regs: u64) {
+fn on_truncate<R: Regs>(regs: R) {
     if !emit::is_traced(tgid()) {
         return;
     }
-    let file = kernel::fd_file(arg(regs, 0));
+    let file = kernel::fd_file(regs.arg(0));
     let inode = kernel::tmpfs_inode(file);
     if inode == 0 {
         return;
@@ -288,14 +419,14 @@ fn on_truncate(regs: u64) {
     };
     let ev = emit::body(&mut e);
     ev.syscall = nr!(ftruncate);
-    ev.args[0] = arg(regs, 0);
-    ev.args[1] = arg(regs, 1);
+    ev.args[0] = regs.arg(0);
+    ev.args[1] = regs.arg(1);
     kernel::fill_file_info(&mut ev.file, file, inode);
     emit::submit_tmpfs(e);
 }
 
 #[inline(always)]
-fn on_remap(regs: u64, ret: i64) {
+fn on_remap<R: Regs>(regs: R, ret: i64) {
     let tgid = tgid();
     // Only processes that ever mapped tmpfs: Python frees arenas all the time.
     // SAFETY: only presence is tested; no reference is kept.
@@ -308,8 +439,8 @@ fn on_remap(regs: u64, ret: i64) {
     let ev = emit::body(&mut e);
     ev.syscall = nr!(mremap);
     ev.ret = ret;
-    ev.args[0] = arg(regs, 0);
-    ev.args[1] = arg(regs, 1);
-    ev.args[2] = arg(regs, 2);
+    ev.args[0] = regs.arg(0);
+    ev.args[1] = regs.arg(1);
+    ev.args[2] = regs.arg(2);
     emit::submit_tmpfs(e);
 }

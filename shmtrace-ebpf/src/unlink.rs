@@ -10,7 +10,7 @@ use shmtrace_common::EventKind;
 use crate::{
     emit::{self, Ring},
     kernel::{self, nr, off},
-    sysexit::{arg, exit_record, is_shm_path, user_regs},
+    sysexit::{BtfRegs, Regs, StackRegs, exit_record, is_shm_path},
 };
 
 const AT_FDCWD: i64 = -100;
@@ -20,9 +20,22 @@ const AT_REMOVEDIR: u64 = 0x200;
 /// another process then finds it gone: "No such file or directory").
 #[tracepoint]
 pub fn sys_exit_unlink(ctx: TracePointContext) -> u32 {
-    let (nr, ret) = exit_record(&ctx);
-    if ret == 0 {
-        on_unlink(user_regs(), nr);
+    unlink::<BtfRegs>(&ctx)
+}
+
+/// `sys_exit_unlink` for kernels before 5.15.
+#[tracepoint]
+pub fn sys_exit_unlink_stack(ctx: TracePointContext) -> u32 {
+    unlink::<StackRegs>(&ctx)
+}
+
+#[inline(always)]
+fn unlink<R: Regs>(ctx: &TracePointContext) -> u32 {
+    let (nr, ret) = exit_record(ctx);
+    if ret == 0
+        && let Some(regs) = R::current(nr)
+    {
+        on_unlink(regs, nr);
     }
     0
 }
@@ -33,14 +46,14 @@ pub fn sys_exit_unlink(ctx: TracePointContext) -> u32 {
 /// segments is the case this is for; unlink is rare and the path test
 /// comes first.
 #[inline(always)]
-fn on_unlink(regs: u64, nr: u32) {
+fn on_unlink<R: Regs>(regs: R, nr: u32) {
     let (dirfd, path) = if nr == nr!(unlinkat) {
-        if arg(regs, 2) & AT_REMOVEDIR != 0 {
+        if regs.arg(2) & AT_REMOVEDIR != 0 {
             return;
         }
-        (arg(regs, 0) as i32 as i64, arg(regs, 1))
+        (regs.arg(0) as i32 as i64, regs.arg(1))
     } else {
-        (AT_FDCWD, arg(regs, 0))
+        (AT_FDCWD, regs.arg(0))
     };
     let mut dev = 0;
     if !is_shm_path(path) {

@@ -206,12 +206,18 @@ impl Traced {
 /// `shmtrace run --report R --events E [extra] -- cmd`, under the shared
 /// lock (see [`bpf_lock`]).
 pub fn run_traced(extra: &[&str], cmd: &[String]) -> Traced {
+    run_traced_env(&[], extra, cmd)
+}
+
+/// [`run_traced`] with `env` set for shmtrace.
+pub fn run_traced_env(env: &[(&str, &str)], extra: &[&str], cmd: &[String]) -> Traced {
     require_root();
     let _lock = bpf_lock(false);
     let dir = scratch("run");
     let report = dir.join("report.json");
     let events = dir.join("events.jsonl");
     let output = Command::new(shmtrace())
+        .envs(env.iter().copied())
         .arg("run")
         .arg("--report")
         .arg(&report)

@@ -39,8 +39,11 @@ struct Member {
 enum Type {
     /// struct or union
     Composite {
+        size: u32,
         members: Vec<Member>,
     },
+    /// A function prototype's parameter count.
+    FuncProto(u32),
     /// typedef, const, volatile, restrict, type tag: look through
     Alias(u32),
     Other,
@@ -52,6 +55,8 @@ pub struct Btf {
     types: Vec<Type>,
     by_name: HashMap<String, Vec<u32>>,
     enumerators: HashMap<String, i64>,
+    /// Kernel functions (BTF FUNC) by name, to their prototype's id.
+    functions: HashMap<String, u32>,
 }
 
 impl Btf {
@@ -98,6 +103,7 @@ impl Btf {
         let mut types = vec![Type::Other];
         let mut by_name: HashMap<String, Vec<u32>> = HashMap::new();
         let mut enumerators = HashMap::new();
+        let mut functions = HashMap::new();
         let mut p = type_off;
         let end = type_off + type_len;
         while p < end {
@@ -122,7 +128,10 @@ impl Btf {
                         });
                     }
                     p += vlen * 12;
-                    Type::Composite { members }
+                    Type::Composite {
+                        size: size_or_type,
+                        members,
+                    }
                 }
                 KIND_ENUM => {
                     for i in 0..vlen {
@@ -157,13 +166,19 @@ impl Btf {
                 }
                 KIND_FUNC_PROTO => {
                     p += vlen * 8;
-                    Type::Other
+                    Type::FuncProto(vlen as u32)
                 }
                 KIND_DATASEC => {
                     p += vlen * 12;
                     Type::Other
                 }
-                KIND_PTR | KIND_FWD | KIND_FUNC | KIND_FLOAT => Type::Other,
+                KIND_FUNC => {
+                    if name_off != 0 {
+                        functions.entry(name(name_off)).or_insert(size_or_type);
+                    }
+                    Type::Other
+                }
+                KIND_PTR | KIND_FWD | KIND_FLOAT => Type::Other,
                 k => bail!("unknown BTF kind {k} at type {id}"),
             };
             if matches!(ty, Type::Composite { .. }) && name_off != 0 {
@@ -175,6 +190,7 @@ impl Btf {
             types,
             by_name,
             enumerators,
+            functions,
         })
     }
 
@@ -182,6 +198,26 @@ impl Btf {
     /// value depends on the kernel's configuration).
     pub fn enum_value(&self, name: &str) -> Option<i64> {
         self.enumerators.get(name).copied()
+    }
+
+    /// The size of `struct name` in bytes.
+    pub fn size(&self, strukt: &str) -> Option<u32> {
+        self.by_name
+            .get(strukt)?
+            .iter()
+            .find_map(|&id| match &self.types[id as usize] {
+                Type::Composite { size, members } if !members.is_empty() => Some(*size),
+                _ => None,
+            })
+    }
+
+    /// The parameter count of kernel function `name`, when BTF has it (a
+    /// function BTF lacks was inlined everywhere or renamed).
+    pub fn function_params(&self, name: &str) -> Option<u32> {
+        match self.types.get(*self.functions.get(name)? as usize)? {
+            Type::FuncProto(n) => Some(*n),
+            _ => None,
+        }
     }
 
     fn resolve(&self, mut id: u32) -> u32 {
@@ -197,7 +233,7 @@ impl Btf {
     /// Finds `member` in composite `id`, looking into anonymous structs and
     /// unions. Returns (byte offset, member type id).
     fn find(&self, id: u32, member: &str) -> Option<(u32, u32)> {
-        let Type::Composite { members } = self.types.get(self.resolve(id) as usize)? else {
+        let Type::Composite { members, .. } = self.types.get(self.resolve(id) as usize)? else {
             return None;
         };
         for m in members {

@@ -19,6 +19,31 @@ pub struct Hook {
     pub required: bool,
     /// What is lost without it.
     pub loses: &'static str,
+    /// How the program reads a syscall's arguments, which decides the
+    /// kernels it is for.
+    pub args: Args,
+}
+
+/// A syscall exit program is built twice: with BTF-typed registers
+/// (bpf_task_pt_regs, 5.15+) and, for older kernels, reading them from the
+/// task's stack (split by syscall family, see shmtrace-ebpf/src/syscalls.rs).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Args {
+    /// Reads no syscall arguments: every kernel.
+    None,
+    Btf,
+    Stack,
+}
+
+impl Hook {
+    /// Whether this hook's program is the one for `kernel`.
+    pub fn fits(&self, kernel: &super::features::Kernel) -> bool {
+        match self.args {
+            Args::None => true,
+            Args::Btf => kernel.task_pt_regs,
+            Args::Stack => !kernel.task_pt_regs,
+        }
+    }
 }
 
 const fn tp(
@@ -35,6 +60,21 @@ const fn tp(
         names,
         required,
         loses,
+        args: Args::None,
+    }
+}
+
+/// A syscall exit hook (see [`Args`]).
+const fn sys(
+    prog: &'static str,
+    args: Args,
+    names: &'static [&'static str],
+    required: bool,
+    loses: &'static str,
+) -> Hook {
+    Hook {
+        args,
+        ..tp(prog, "syscalls", names, required, loses)
     }
 }
 
@@ -46,6 +86,7 @@ const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static 
         names: name,
         required: true,
         loses,
+        args: Args::None,
     }
 }
 
@@ -57,9 +98,9 @@ const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static 
 /// which user space's check of each tracked fd and mapping once a second
 /// (and at a failure) sees.
 pub const HOOKS: &[Hook] = &[
-    tp(
+    sys(
         "sys_exit_files",
-        "syscalls",
+        Args::Btf,
         &[
             "sys_exit_write",
             "sys_exit_pwrite64",
@@ -81,16 +122,80 @@ pub const HOOKS: &[Hook] = &[
         true,
         "ENOSPC/mmap failures of syscalls, tmpfs files created, mapped, moved and sized",
     ),
-    tp(
+    sys(
+        "sys_exit_writes_stack",
+        Args::Stack,
+        &[
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+            "sys_exit_fallocate",
+            "sys_exit_sendfile64",
+            "sys_exit_splice",
+            "sys_exit_copy_file_range",
+        ],
+        true,
+        "ENOSPC failures of writes and fallocate",
+    ),
+    sys(
+        "sys_exit_opens_stack",
+        Args::Stack,
+        &[
+            "sys_exit_open",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+            "sys_exit_creat",
+        ],
+        true,
+        "failed opens of /dev/shm files, tmpfs files created",
+    ),
+    sys(
+        "sys_exit_mmap_stack",
+        Args::Stack,
+        &["sys_exit_mmap"],
+        true,
+        "mmap failures, tmpfs files mapped",
+    ),
+    sys(
+        "sys_exit_mremap_stack",
+        Args::Stack,
+        &["sys_exit_mremap"],
+        true,
+        "mremap failures, tmpfs mappings moved",
+    ),
+    sys(
+        "sys_exit_ftruncate_stack",
+        Args::Stack,
+        &["sys_exit_ftruncate"],
+        true,
+        "sizes of tmpfs files",
+    ),
+    sys(
         "sys_exit_recv",
-        "syscalls",
+        Args::Btf,
         &["sys_exit_recvmsg"],
         true,
         "tmpfs fds passed over unix sockets",
     ),
-    tp(
+    sys(
+        "sys_exit_recv_stack",
+        Args::Stack,
+        &["sys_exit_recvmsg"],
+        true,
+        "tmpfs fds passed over unix sockets",
+    ),
+    sys(
         "sys_exit_unlink",
-        "syscalls",
+        Args::Btf,
+        &["sys_exit_unlink", "sys_exit_unlinkat"],
+        false,
+        "who removed a /dev/shm file (for opens that find it gone)",
+    ),
+    sys(
+        "sys_exit_unlink_stack",
+        Args::Stack,
         &["sys_exit_unlink", "sys_exit_unlinkat"],
         false,
         "who removed a /dev/shm file (for opens that find it gone)",
@@ -172,6 +277,9 @@ pub fn explain(e: ProgramError) -> anyhow::Error {
             verifier_log,
         } => {
             let log = verifier_log.to_string();
+            if let Some(why) = super::features::missing_helper(&log) {
+                return anyhow!("{io_error}: {why}");
+            }
             let tail: Vec<&str> = log.lines().rev().take(12).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             anyhow!("{io_error}; verifier said:\n{}", tail.join("\n"))
@@ -249,6 +357,28 @@ mod tests {
             "sys_exit_munmap",
         ] {
             assert!(!all.contains(&quiet), "{quiet} is hooked");
+        }
+    }
+
+    #[test]
+    fn both_argument_variants_attach_the_same_tracepoints() {
+        let set = |task_pt_regs| {
+            let k = crate::capture::features::Kernel::new("x".into(), task_pt_regs);
+            let mut v: Vec<&str> = HOOKS
+                .iter()
+                .filter(|h| h.fits(&k))
+                .flat_map(|h| h.names.iter().copied())
+                .collect();
+            let n = v.len();
+            v.sort();
+            v.dedup();
+            assert_eq!(v.len(), n, "a tracepoint twice");
+            v
+        };
+        assert_eq!(set(true), set(false));
+        // Only syscall hooks come in two variants.
+        for h in HOOKS.iter().filter(|h| h.args != Args::None) {
+            assert_eq!(h.category, "syscalls", "{}", h.prog);
         }
     }
 

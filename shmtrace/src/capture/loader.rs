@@ -15,6 +15,7 @@ use tokio::io::unix::AsyncFd;
 use super::{
     btf::Btf,
     decode::Decoder,
+    features,
     hooks::{ABSENT, CUDA_PROBES, HOOKS, attach, hook_name, load, load_uprobe, program},
     offsets,
     order::Orderer,
@@ -88,6 +89,15 @@ impl Tracer {
             ));
         }
         let btf = Btf::from_sys()?;
+        let kernel = features::Kernel::detect(&btf);
+        notes.extend(features::raise_memlock(&kernel));
+        if !kernel.task_pt_regs {
+            notes.push(format!(
+                "kernel {}: syscall arguments read from each task's kernel stack (no \
+                 bpf_task_pt_regs, which kernels from 5.15 on have, or SHMTRACE_SYSCALL_ARGS=stack)",
+                kernel.release
+            ));
+        }
         let (offs, off_notes) = offsets::kernel_offsets(&btf, &tracefs)?;
         notes.extend(off_notes);
         let nrs = offsets::syscall_nrs();
@@ -124,10 +134,11 @@ impl Tracer {
 
         let mut hooks = Vec::new();
         for h in HOOKS {
-            if !want(h.prog) {
+            if !want(h.prog) || !h.fits(&kernel) {
                 continue;
             }
-            let loaded = load(&mut ebpf, h.prog, h.kind);
+            let prog = h.prog;
+            let loaded = load(&mut ebpf, prog, h.kind);
             for &name in h.names {
                 let res = loaded
                     .as_ref()
@@ -138,7 +149,7 @@ impl Tracer {
                         {
                             return Err(anyhow!(ABSENT));
                         }
-                        attach(&mut ebpf, h.prog, h.kind, h.category, name)
+                        attach(&mut ebpf, prog, h.kind, h.category, name)
                     });
                 let label = hook_name(h.kind, h.category, name);
                 match &res {

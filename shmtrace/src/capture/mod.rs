@@ -7,6 +7,7 @@ pub mod btf;
 pub mod counters;
 pub mod decode;
 mod detach;
+pub mod features;
 pub mod hooks;
 pub mod loader;
 pub mod offsets;

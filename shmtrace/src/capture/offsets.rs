@@ -65,6 +65,12 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         mnt_ns_inum: get("mnt_namespace", "ns.inum", false),
         regs_args,
         regs_nr: get("pt_regs", "orig_ax", true),
+        task_stack: get("task_struct", "stack", false),
+        regs_window: MISSING,
+        stack_regs: match btf.size("pt_regs") {
+            Some(size) => thread_size(btf) - size,
+            None => MISSING,
+        },
         tp_exec_filename: MISSING,
         tp_exec_old_pid: MISSING,
         tp_exit_group_dead: MISSING,
@@ -99,6 +105,19 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         cgroup_kn: get("cgroup", "kn", false),
         kn_id: get("kernfs_node", "id", false),
     };
+    // Kernels before 5.15 read the argument registers and orig_ax in one
+    // window (see KernelOffsets::regs_window).
+    let words = o.regs_args.iter().chain([&o.regs_nr]);
+    if let (Some(&lo), Some(&hi)) = (words.clone().min(), words.max())
+        && hi != MISSING
+        && (hi - lo) / 8 < shmtrace_common::REGS_WINDOW as u32
+        && o.regs_args
+            .iter()
+            .chain([&o.regs_nr])
+            .all(|w| (w - lo) % 8 == 0)
+    {
+        o.regs_window = lo;
+    }
     // The memory controller's slot in css_set.subsys: its index is an enum
     // constant that depends on which controllers the kernel was built with.
     o.css_set_memcg = match (
@@ -117,7 +136,7 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
     };
     if !missing_required.is_empty() {
         bail!(
-            "this kernel's BTF lacks {} (shmtrace supports x86_64 kernels 5.15 and newer)",
+            "this kernel's BTF lacks {} (shmtrace supports x86_64 kernels 5.10 and newer)",
             missing_required.join(", ")
         );
     }
@@ -146,6 +165,17 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
     o.tp_victim_pid = victim.offset("pid").context("oom:mark_victim has no pid")?;
     o.tp_victim_shmem_rss = victim.offset("shmem_rss").unwrap_or(MISSING);
     Ok((o, notes))
+}
+
+/// x86_64's kernel stack size: 16 KiB, doubled by KASAN (whose checks BTF
+/// then lists). Only kernels before 5.15 need it (see `task_stack`), and
+/// the programs check the syscall number found there before trusting it.
+fn thread_size(btf: &Btf) -> u32 {
+    if btf.function_params("__kasan_check_read").is_some() {
+        32 << 10
+    } else {
+        16 << 10
+    }
 }
 
 /// Field offsets of one classic tracepoint, from its tracefs `format` file.
