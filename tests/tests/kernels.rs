@@ -16,7 +16,7 @@ fn essentials(f: &Value) -> Value {
         "kind": f["kind"], "syscall": f["syscall"], "errno": f["errno"],
         "path": f["path"], "bytes": f["bytes"], "offset": f["offset"],
         "file_size": f["file_size"], "mountpoint": f["mount"]["mountpoint"],
-        "size": f["mount"]["size_bytes"], "cause": f["cause"],
+        "size": f["mount"]["size_bytes"], "reason": f["reason"],
     })
 }
 
