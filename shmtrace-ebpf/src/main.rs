@@ -1,12 +1,13 @@
-//! shmtrace's eBPF programs: stable tracepoints only (no kprobe/fentry), each
-//! filtering to traced processes and tmpfs files before it touches a map.
+//! shmtrace's eBPF programs: stable tracepoints everywhere, and fexit
+//! trampolines on tmpfs's work where the kernel takes them; each filters to
+//! traced processes and tmpfs files before it touches a map.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 //!
 //! One file per hook family: `sched` (fork, exec, exit), `signals` (SIGBUS
 //! generated and delivered), `syscalls` (syscalls:sys_exit_* of the calls
-//! that matter), `unlink` (removals of /dev/shm files), `sysexit` (what every syscall-exit program reads: the record, the argument registers), `oom` (mark_victim), `cuda` (uretprobes on CUDA IPC calls);
+//! that matter), `unlink` (removals of /dev/shm files), `sysexit` (what every syscall-exit program reads: the record, the argument registers), `oom` (mark_victim), `cuda` (uretprobes on CUDA IPC calls), `trampolines` (fexit on the kernel functions that do the syscalls' tmpfs work, the same handlers);
 //! `emit` holds the maps and event headers, `kernel` the struct reads at
 //! offsets user space found in BTF, `extras` what only `doctor` loads.
 
@@ -28,6 +29,8 @@ mod signals;
 mod syscalls;
 #[cfg(target_arch = "bpf")]
 mod sysexit;
+#[cfg(target_arch = "bpf")]
+mod trampolines;
 #[cfg(target_arch = "bpf")]
 mod unlink;
 

@@ -166,7 +166,7 @@ fn recv<R: Regs>(ctx: &TracePointContext) -> u32 {
 /// only a recvmsg that returned control data (msg_controllen > 0 after the
 /// call) can carry SCM_RIGHTS, so only those are reported.
 #[inline(always)]
-fn on_recvmsg<R: Regs>(regs: R) {
+pub(crate) fn on_recvmsg<R: Regs>(regs: R) {
     let tgid = tgid();
     if !emit::is_traced(tgid) {
         return;
@@ -189,7 +189,7 @@ fn on_recvmsg<R: Regs>(regs: R) {
 
 /// Who holds tmpfs files by fd: creations of tmpfs files.
 #[inline(always)]
-fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
+pub(crate) fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
     // Only creations: files opened without O_CREAT (a consumer opening a
     // named segment) show up when mapped, and the fd rescan finds them.
     let flags = if nr == nr!(openat) {
@@ -232,7 +232,7 @@ fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
 /// time; the stack variants attach one program per family, so that the
 /// verifier of kernels before 5.15 (which gives up at a million
 /// instructions) follows fewer paths through each.
-mod fam {
+pub(crate) mod fam {
     pub const ANY: u8 = 0;
     pub const WRITES: u8 = 1;
     pub const OPENS: u8 = 2;
@@ -242,7 +242,7 @@ mod fam {
 }
 
 #[inline(always)]
-fn on_failure<R: Regs, const F: u8>(regs: R, nr: u32, ret: i64) {
+pub(crate) fn on_failure<R: Regs, const F: u8>(regs: R, nr: u32, ret: i64) {
     let errno = -ret;
     let is_mmap = if F == fam::ANY {
         nr == nr!(mmap)
@@ -372,7 +372,7 @@ fn on_failure<R: Regs, const F: u8>(regs: R, nr: u32, ret: i64) {
 }
 
 #[inline(always)]
-fn on_mmap<R: Regs>(regs: R, addr: i64) {
+pub(crate) fn on_mmap<R: Regs>(regs: R, addr: i64) {
     let flags = regs.arg(3);
     if flags & MAP_ANONYMOUS != 0 {
         return;
@@ -405,7 +405,7 @@ fn on_mmap<R: Regs>(regs: R, addr: i64) {
 /// Sizes of mapped tmpfs files: tells a fault past the end of a file (not
 /// an allocation failure) from a full tmpfs.
 #[inline(always)]
-fn on_truncate<R: Regs>(regs: R) {
+pub(crate) fn on_truncate<R: Regs>(regs: R) {
     if !emit::is_traced(tgid()) {
         return;
     }
@@ -426,7 +426,7 @@ fn on_truncate<R: Regs>(regs: R) {
 }
 
 #[inline(always)]
-fn on_remap<R: Regs>(regs: R, ret: i64) {
+pub(crate) fn on_remap<R: Regs>(regs: R, ret: i64) {
     let tgid = tgid();
     // Only processes that ever mapped tmpfs: Python frees arenas all the time.
     // SAFETY: only presence is tested; no reference is kept.

@@ -33,6 +33,9 @@ pub(crate) trait Regs: Copy {
     /// The registers of the syscall `nr` now returning, or None when they
     /// cannot be read.
     fn current(nr: u32) -> Option<Self>;
+    /// The registers of whatever syscall the task is in, with its number
+    /// (a trampoline program on a kernel function does not know which).
+    fn current_any() -> Option<(Self, u32)>;
     /// Argument `i` (0-5) of the syscall.
     fn arg(self, i: usize) -> u64;
 }
@@ -50,6 +53,15 @@ impl Regs for BtfRegs {
         Some(Self(unsafe {
             bpf_task_pt_regs(bpf_get_current_task_btf()) as u64
         }))
+    }
+
+    #[inline(always)]
+    fn current_any() -> Option<(Self, u32)> {
+        let regs = Self::current(0)?;
+        let at = regs.0 + off!(regs_nr) as u64;
+        // SAFETY: as in `arg`: a verifier-checked load from the BTF pt_regs.
+        let nr = unsafe { *(at as *const u64) };
+        Some((regs, nr as u32))
     }
 
     #[inline(always)]
@@ -91,6 +103,20 @@ impl Regs for StackRegs {
             }
         }
         None
+    }
+
+    /// Only kernels without FRED take this variant, so no padding; a number
+    /// past every syscall's is not a syscall's registers.
+    #[inline(always)]
+    fn current_any() -> Option<(Self, u32)> {
+        let stack = kernel::read_ptr(kernel::current_task(), off!(task_stack));
+        let (top, base) = (off!(stack_regs), off!(regs_window));
+        if stack == 0 || top == kernel::MISSING || base == kernel::MISSING {
+            return None;
+        }
+        let w = kernel::read::<[u64; REGS_WINDOW]>(stack + top as u64 + base as u64, 0)?;
+        let nr = *w.get(((off!(regs_nr) - base) / 8) as usize)?;
+        (nr < 1024).then_some((Self(w), nr as u32))
     }
 
     #[inline(always)]

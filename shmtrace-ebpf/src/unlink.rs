@@ -46,7 +46,7 @@ fn unlink<R: Regs>(ctx: &TracePointContext) -> u32 {
 /// segments is the case this is for; unlink is rare and the path test
 /// comes first.
 #[inline(always)]
-fn on_unlink<R: Regs>(regs: R, nr: u32) {
+pub(crate) fn on_unlink<R: Regs>(regs: R, nr: u32) {
     let (dirfd, path) = if nr == nr!(unlinkat) {
         if regs.arg(2) & AT_REMOVEDIR != 0 {
             return;

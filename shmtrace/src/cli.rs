@@ -57,6 +57,22 @@ pub struct Cli {
     #[command(flatten)]
     pub node: NodeArgs,
 
+    /// Which kernel hooks carry the capture. auto: fexit trampolines on
+    /// tmpfs's own functions where this kernel takes them (a process that
+    /// never touches tmpfs then pays nothing), the syscall tracepoint per
+    /// need where it does not; tracepoints: syscall exit tracepoints only
+    /// (every syscall on the node takes the kernel's slower path while they
+    /// are attached); trampolines: refuse to start when a need cannot be met
+    /// by one. `shmtrace doctor` says which each need gets, and why.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "BACKEND",
+        default_value = "auto",
+        global = true
+    )]
+    pub hooks: crate::capture::hooks::Backend,
+
     #[command(subcommand)]
     pub command: Option<Cmd>,
 
@@ -76,8 +92,9 @@ impl Cli {
             .ids()
             .filter(|id| matches.value_source(id.as_str()) == Some(ValueSource::CommandLine))
             .map(|id| id.as_str().to_string())
-            .filter(|id| id != "pid")
+            .filter(|id| id != "pid" && id != "hooks")
             .collect();
+        crate::capture::hooks::choose_backend(cli.hooks);
         cli
     }
 }

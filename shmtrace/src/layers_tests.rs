@@ -412,6 +412,7 @@ fn the_design_note_names_every_file_and_program() {
                         "#[btf_tracepoint",
                         "#[kprobe",
                         "#[fentry",
+                        "#[fexit",
                     ]
                     .iter()
                     .any(|a| l.starts_with(a));

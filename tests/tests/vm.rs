@@ -154,6 +154,7 @@ fn sections(data: &str) -> BTreeMap<(String, String), String> {
 
 /// One VM's run: the data port's sections and what it booted.
 struct Vm {
+    hooks: String,
     s: BTreeMap<(String, String), String>,
     text: String,
     console: String,
@@ -242,6 +243,7 @@ fn boot(series: &str, hooks: &str) -> Vm {
     );
     let _ = std::fs::remove_dir_all(&dir);
     Vm {
+        hooks: hooks.to_string(),
         s,
         text,
         console,
@@ -329,16 +331,32 @@ fn check(vm: &Vm) -> Vec<&'static str> {
         let hook_lines: Vec<&str> = doctor
             .lines()
             .filter(|l| {
-                l.trim_start().starts_with("tracepoint ") || l.trim_start().starts_with("raw_tp/")
+                let l = l.trim_start();
+                l.starts_with("tracepoint ") || l.starts_with("raw_tp/") || l.starts_with("fexit/")
             })
             .collect();
-        assert!(hook_lines.len() >= 20, "{doctor}");
+        assert!(hook_lines.len() >= 14, "{doctor}");
         for l in &hook_lines {
             assert!(
                 l.trim_end().ends_with(" ok") || l.contains("no such syscall tracepoint"),
                 "a hook was refused on {}: {l}\n{doctor}",
                 vm.kernel_line
             );
+        }
+        // Where trampolines are asked for, a syscall tracepoint is attached
+        // only for a need that fell back, and doctor says why.
+        let syscall_tps = hook_lines
+            .iter()
+            .filter(|l| l.contains("tracepoint syscalls:"))
+            .count();
+        if vm.hooks != "tracepoints" {
+            let fell = doctor.matches("fell back:").count();
+            assert!(
+                syscall_tps == 0 || fell > 0,
+                "syscall tracepoints attached with no need fallen back:\n{doctor}"
+            );
+        } else {
+            assert!(syscall_tps >= 10 && !doctor.contains("fexit/"), "{doctor}");
         }
         checked.push("doctor (every hook attached)");
     }

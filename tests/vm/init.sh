@@ -44,7 +44,7 @@ done
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
 echo "=== hooks $hooks ===" > $out
 # Every run below: shmtrace with the backend under test.
-st() { shmtrace "$@"; }
+st() { shmtrace --hooks "$hooks" "$@"; }
 
 # 0: doctor loads and attaches every hook for real.
 if want doctor; then

@@ -85,6 +85,9 @@ impl Suppressed {
 pub struct Counters {
     pub lost: Losses,
     pub suppressed: Suppressed,
+    /// (need, backend) for each need of the syscall side: what
+    /// `shmtrace_hooks` exports.
+    pub hooks: Vec<(&'static str, &'static str)>,
 }
 
 #[cfg(test)]

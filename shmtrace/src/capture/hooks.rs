@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Ebpf,
-    programs::{Program, ProgramError, RawTracePoint, TracePoint, UProbe},
+    programs::{FExit, Program, ProgramError, RawTracePoint, TracePoint, UProbe},
 };
 
 /// One program and where it attaches.
@@ -244,6 +244,130 @@ pub const HOOKS: &[Hook] = &[
 pub enum Kind {
     Raw,
     Tp,
+    FExit,
+}
+
+/// `--hooks`: which kernel hooks carry the syscall side of the capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Backend {
+    /// Trampolines per need where the kernel takes them, else tracepoints.
+    #[default]
+    Auto,
+    Tracepoints,
+    Trampolines,
+}
+
+static BACKEND: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+
+/// Set once from the command line, before any tracer starts.
+pub fn choose_backend(b: Backend) {
+    let _ = BACKEND.set(b);
+}
+
+pub fn backend() -> Backend {
+    BACKEND.get().copied().unwrap_or_default()
+}
+
+/// One need of the capture a trampoline can meet: the fexit program (built
+/// twice, see [`Args`]), the kernel functions it may attach to, in order of
+/// preference, each with the parameter count the program is written for,
+/// and the syscall tracepoints it stands in for.
+pub struct Trampoline {
+    pub need: &'static str,
+    pub prog: &'static str,
+    pub stack_prog: &'static str,
+    pub functions: &'static [(&'static str, u32)],
+    pub replaces: &'static [&'static str],
+}
+
+/// Every syscall tracepoint's need, as a trampoline (see
+/// shmtrace-ebpf/src/trampolines.rs and ../shared/reference/trampolines.md).
+pub const TRAMPOLINES: &[Trampoline] = &[
+    Trampoline {
+        need: "write ENOSPC",
+        prog: "fx_writes",
+        stack_prog: "fx_writes_stack",
+        // tmpfs's own write_iter since 6.12; the generic one before (which
+        // few other filesystems use).
+        functions: &[("shmem_file_write_iter", 2), ("generic_file_write_iter", 2)],
+        replaces: &[
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+            "sys_exit_sendfile64",
+            "sys_exit_splice",
+            "sys_exit_copy_file_range",
+        ],
+    },
+    Trampoline {
+        need: "fallocate ENOSPC",
+        prog: "fx_fallocate",
+        stack_prog: "fx_fallocate_stack",
+        functions: &[("shmem_fallocate", 4)],
+        replaces: &["sys_exit_fallocate"],
+    },
+    Trampoline {
+        need: "open (failures, inode limit, tmpfs files created)",
+        prog: "fx_opens",
+        stack_prog: "fx_opens_stack",
+        functions: &[("do_sys_openat2", 3)],
+        replaces: &[
+            "sys_exit_open",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+            "sys_exit_creat",
+        ],
+    },
+    Trampoline {
+        need: "mmap (errors, tmpfs files mapped)",
+        prog: "fx_mmap",
+        stack_prog: "fx_mmap_stack",
+        functions: &[("vm_mmap_pgoff", 6)],
+        replaces: &["sys_exit_mmap"],
+    },
+    Trampoline {
+        need: "mremap",
+        prog: "fx_mremap",
+        stack_prog: "fx_mremap_stack",
+        functions: &[("__x64_sys_mremap", 1)],
+        replaces: &["sys_exit_mremap"],
+    },
+    Trampoline {
+        need: "ftruncate (sizes)",
+        prog: "fx_ftruncate",
+        stack_prog: "fx_ftruncate_stack",
+        functions: &[("do_sys_ftruncate", 3)],
+        replaces: &["sys_exit_ftruncate"],
+    },
+    Trampoline {
+        need: "fds received over sockets",
+        prog: "fx_recv",
+        stack_prog: "fx_recv_stack",
+        functions: &[("scm_detach_fds", 2)],
+        replaces: &["sys_exit_recvmsg"],
+    },
+    Trampoline {
+        need: "unlink",
+        prog: "fx_unlink",
+        stack_prog: "fx_unlink_stack",
+        functions: &[("shmem_unlink", 2)],
+        replaces: &["sys_exit_unlink", "sys_exit_unlinkat"],
+    },
+];
+
+/// How one need is met: by which backend and hook, and why not the other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NeedChoice {
+    pub need: &'static str,
+    /// "trampolines" or "tracepoints".
+    pub backend: &'static str,
+    /// fexit/FUNCTION, or the tracepoints.
+    pub hook: String,
+    /// Why the trampoline was not used (None where it was, or where
+    /// --hooks tracepoints asked for none).
+    pub fell_back: Option<String>,
 }
 
 /// (program, symbol): the CUDA IPC calls, runtime (libcudart) and driver
@@ -266,6 +390,7 @@ pub const ABSENT: &str = "no such syscall tracepoint on this kernel";
 pub fn hook_name(kind: Kind, category: &str, name: &str) -> String {
     match kind {
         Kind::Raw => format!("raw_tp/{name}"),
+        Kind::FExit => format!("fexit/{name}"),
         Kind::Tp => format!("tracepoint {category}:{name}"),
     }
 }
@@ -306,7 +431,17 @@ pub fn load(ebpf: &mut Ebpf, prog: &str, kind: Kind) -> Result<()> {
             let p: &mut TracePoint = p.try_into()?;
             p.load().map_err(explain)?;
         }
+        Kind::FExit => unreachable!("trampolines load against a function: load_fexit"),
     }
+    Ok(())
+}
+
+/// Loads fexit program `prog` against kernel function `function` and
+/// attaches it.
+pub fn attach_fexit(ebpf: &mut Ebpf, prog: &str, function: &str, btf: &aya::Btf) -> Result<()> {
+    let p: &mut FExit = program(ebpf, prog)?.try_into()?;
+    p.load(function, btf).map_err(explain)?;
+    p.attach().map_err(explain)?;
     Ok(())
 }
 
@@ -321,6 +456,7 @@ pub fn attach(ebpf: &mut Ebpf, prog: &str, kind: Kind, category: &str, name: &st
             let p: &mut TracePoint = p.try_into()?;
             p.attach(category, name).map_err(explain)?;
         }
+        Kind::FExit => unreachable!("see attach_fexit"),
     }
     Ok(())
 }
@@ -379,6 +515,32 @@ mod tests {
         // Only syscall hooks come in two variants.
         for h in HOOKS.iter().filter(|h| h.args != Args::None) {
             assert_eq!(h.category, "syscalls", "{}", h.prog);
+        }
+    }
+
+    #[test]
+    fn trampolines_stand_in_for_every_syscall_tracepoint_once() {
+        let mut replaced: Vec<&str> = TRAMPOLINES
+            .iter()
+            .flat_map(|t| t.replaces.iter().copied())
+            .collect();
+        let n = replaced.len();
+        replaced.sort();
+        replaced.dedup();
+        assert_eq!(replaced.len(), n, "a tracepoint replaced twice");
+        let mut syscalls: Vec<&str> = HOOKS
+            .iter()
+            .filter(|h| h.args == Args::Btf)
+            .flat_map(|h| h.names.iter().copied())
+            .collect();
+        syscalls.sort();
+        assert_eq!(
+            replaced, syscalls,
+            "with every need met, no syscall tracepoint is left"
+        );
+        for t in TRAMPOLINES {
+            // x86_64 trampolines take at most 6 arguments before 6.6.
+            assert!(t.functions.iter().all(|&(_, n)| n <= 6), "{}", t.need);
         }
     }
 

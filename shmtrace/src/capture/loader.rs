@@ -16,7 +16,10 @@ use super::{
     btf::Btf,
     decode::Decoder,
     features,
-    hooks::{ABSENT, CUDA_PROBES, HOOKS, attach, hook_name, load, load_uprobe, program},
+    hooks::{
+        ABSENT, Backend, CUDA_PROBES, HOOKS, Kind, NeedChoice, TRAMPOLINES, attach, attach_fexit,
+        hook_name, load, load_uprobe, program,
+    },
     offsets,
     order::Orderer,
     preflight,
@@ -47,6 +50,9 @@ pub struct Tracer {
     pub notes: Vec<String>,
     /// Each hook and whether the kernel took it (None) or why not.
     pub hooks: Vec<(String, Option<String>)>,
+    /// Which backend meets each need of the syscall side, and why a need
+    /// fell back to its tracepoints.
+    pub needs: Vec<NeedChoice>,
     /// The CUDA IPC uretprobes loaded, and the library files (dev, inode)
     /// they are attached to.
     cuda_ready: bool,
@@ -133,13 +139,29 @@ impl Tracer {
             })?;
 
         let mut hooks = Vec::new();
+        let needs = trampolines(&mut ebpf, &btf, &kernel, &want, &mut hooks)?;
+        let covered: std::collections::BTreeSet<&str> = needs
+            .iter()
+            .filter(|n| n.backend == "trampolines")
+            .filter_map(|n| TRAMPOLINES.iter().find(|t| t.need == n.need))
+            .flat_map(|t| t.replaces.iter().copied())
+            .collect();
+        if let Some(note) = needs_note(&needs) {
+            notes.push(note);
+        }
         for h in HOOKS {
             if !want(h.prog) || !h.fits(&kernel) {
+                continue;
+            }
+            if h.category == "syscalls" && h.names.iter().all(|n| covered.contains(n)) {
                 continue;
             }
             let prog = h.prog;
             let loaded = load(&mut ebpf, prog, h.kind);
             for &name in h.names {
+                if covered.contains(name) {
+                    continue;
+                }
                 let res = loaded
                     .as_ref()
                     .map_err(|e| anyhow!("{e:#}"))
@@ -223,6 +245,7 @@ impl Tracer {
             undecodable: 0,
             notes,
             hooks,
+            needs,
             cuda_ready,
             cuda_attached: std::collections::HashSet::new(),
             handoff: None,
@@ -340,6 +363,7 @@ impl Tracer {
                 .collect()
         };
         Counters {
+            hooks: self.needs.iter().map(|n| (n.need, n.backend)).collect(),
             lost: Losses {
                 events_ring: c[lost::EVENT as usize],
                 failures_ring: c[lost::FAILURE as usize],
@@ -394,6 +418,133 @@ impl Tracer {
         }
         self.order.release((!flush).then_some(watermark))
     }
+}
+
+/// Meets each need it can with a trampoline (`--hooks auto` or
+/// `trampolines`), recording each fexit hook in `hooks`; returns how every
+/// need is met. With `--hooks trampolines`, a need no trampoline meets is
+/// an error that says why.
+fn trampolines(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    kernel: &features::Kernel,
+    want: &impl Fn(&str) -> bool,
+    hooks: &mut Vec<(String, Option<String>)>,
+) -> Result<Vec<NeedChoice>> {
+    let backend = super::hooks::backend();
+    let tracepoints = |t: &super::hooks::Trampoline, why: Option<String>| NeedChoice {
+        need: t.need,
+        backend: "tracepoints",
+        hook: t
+            .replaces
+            .iter()
+            .map(|n| format!("syscalls:{n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        fell_back: why,
+    };
+    let mut out = Vec::new();
+    if backend == Backend::Tracepoints {
+        for t in TRAMPOLINES {
+            out.push(tracepoints(t, None));
+        }
+        return Ok(out);
+    }
+    let aya_btf = aya::Btf::from_sys_fs().map_err(|e| anyhow!("cannot read kernel BTF: {e}"));
+    // A kernel that refuses fexit outright (EPERM, as this project's CI
+    // machine's does) refuses every one: asked once.
+    let mut refused: Option<String> = None;
+    for t in TRAMPOLINES {
+        if !want(t.prog) {
+            continue;
+        }
+        let prog = if kernel.task_pt_regs {
+            t.prog
+        } else {
+            t.stack_prog
+        };
+        let mut why = Vec::new();
+        let mut met = None;
+        for &(f, params) in t.functions {
+            if let Some(r) = &refused {
+                why.push(r.clone());
+                break;
+            }
+            match btf.function_params(f) {
+                None => why.push(format!(
+                    "{f} is not in this kernel's BTF (renamed or inlined)"
+                )),
+                Some(n) if n != params => why.push(format!(
+                    "{f} takes {n} parameters on this kernel, the program is written for {params}"
+                )),
+                Some(_) => {
+                    let res = aya_btf
+                        .as_ref()
+                        .map_err(|e| anyhow!("{e}"))
+                        .and_then(|b| attach_fexit(ebpf, prog, f, b));
+                    match res {
+                        Ok(()) => {
+                            met = Some(f);
+                            break;
+                        }
+                        Err(e) => {
+                            let e = format!("the kernel refused fexit/{f}: {e:#}");
+                            if e.contains("Operation not permitted") {
+                                refused = Some(format!(
+                                    "this kernel refuses fexit programs (EPERM; no BPF trampolines: \
+                                     ftrace's direct calls are off or blocked)"
+                                ));
+                            }
+                            why.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        match met {
+            Some(f) => {
+                hooks.push((hook_name(Kind::FExit, "", f), None));
+                out.push(NeedChoice {
+                    need: t.need,
+                    backend: "trampolines",
+                    hook: format!("fexit/{f}"),
+                    fell_back: None,
+                });
+            }
+            None if backend == Backend::Trampolines => {
+                bail_need(t.need, &why)?;
+            }
+            None => out.push(tracepoints(t, Some(why.join("; ")))),
+        }
+    }
+    Ok(out)
+}
+
+fn bail_need(need: &str, why: &[String]) -> Result<()> {
+    Err(anyhow!(
+        "--hooks trampolines: no trampoline for {need} on this kernel ({}); \
+         use --hooks auto to let its syscall tracepoints carry it",
+        why.join("; ")
+    ))
+}
+
+/// One note for a start where trampolines carry some needs but not all, or
+/// none on a kernel that refuses them.
+fn needs_note(needs: &[NeedChoice]) -> Option<String> {
+    let fell: Vec<&NeedChoice> = needs.iter().filter(|n| n.fell_back.is_some()).collect();
+    if fell.is_empty() {
+        return None;
+    }
+    let on = needs.iter().filter(|n| n.backend == "trampolines").count();
+    let mut reasons: Vec<&str> = fell.iter().filter_map(|n| n.fell_back.as_deref()).collect();
+    reasons.dedup();
+    Some(format!(
+        "hooks: {on} of {} needs on trampolines; syscall tracepoints carry {} ({}): every \
+         syscall on the node takes the kernel's slower path while they are attached",
+        needs.len(),
+        fell.iter().map(|n| n.need).collect::<Vec<_>>().join(", "),
+        reasons.join("; ")
+    ))
 }
 
 /// Registers a ring buffer with tokio for readiness.

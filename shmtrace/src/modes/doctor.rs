@@ -100,6 +100,18 @@ pub async fn doctor() -> Result<i32> {
                     }
                 }
             }
+            let _ = writeln!(
+                s,
+                "needs        (--hooks {}: which backend carries each)",
+                format!("{:?}", crate::capture::hooks::backend()).to_lowercase()
+            );
+            let w = t.needs.iter().map(|n| n.need.len()).max().unwrap_or(0);
+            for n in &t.needs {
+                let _ = writeln!(s, "  {:<w$}  {} ({})", n.need, n.backend, n.hook);
+                if let Some(why) = &n.fell_back {
+                    let _ = writeln!(s, "  {:<w$}    fell back: {why}", "");
+                }
+            }
             let (kprobe, fentry) = t.probe_extras();
             let extra = |r: &Result<()>| match r {
                 Ok(()) => "available".to_string(),

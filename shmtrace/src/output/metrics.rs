@@ -102,6 +102,12 @@ struct Version {
     version: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HookLabels {
+    need: String,
+    backend: String,
+}
+
 /// Kubernetes names when known (pod namespace, pod, container); else a
 /// runtime's container name, or the pod UID and a short container id;
 /// empty for the host. Only the labels in `keep`.
@@ -251,6 +257,20 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
     })
     .set(1);
     reg.register("shmtrace_build_info", "shmtrace version", info);
+    let hooks = Family::<HookLabels, Gauge>::default();
+    for (need, backend) in &counters.hooks {
+        hooks
+            .get_or_create(&HookLabels {
+                need: need.to_string(),
+                backend: backend.to_string(),
+            })
+            .set(1);
+    }
+    reg.register(
+        "shmtrace_hooks",
+        "Which kernel hooks carry each need of the capture (backend: trampolines or tracepoints; --hooks)",
+        hooks,
+    );
 
     // A mount belongs to the container of a process in the namespace it
     // is seen from (live ones first; a stopped container's stays named).
