@@ -97,6 +97,36 @@ const fn raw(prog: &'static str, name: &'static [&'static str], loses: &'static 
 /// the kernel's dispatch for the rare close, copy or unmap of a tmpfs file,
 /// which user space's check of each tracked fd and mapping once a second
 /// (and at a failure) sees.
+/// The syscall exits of the write family whose tmpfs work goes through a
+/// write_iter, and fallocate's beside them (one stack program takes all).
+const WRITE_ITER_EXITS: &[&str] = &[
+    "sys_exit_write",
+    "sys_exit_pwrite64",
+    "sys_exit_writev",
+    "sys_exit_pwritev",
+    "sys_exit_pwritev2",
+    "sys_exit_sendfile64",
+    "sys_exit_splice",
+    "sys_exit_copy_file_range",
+];
+const WRITE_EXITS: &[&str] = &[
+    "sys_exit_write",
+    "sys_exit_pwrite64",
+    "sys_exit_writev",
+    "sys_exit_pwritev",
+    "sys_exit_pwritev2",
+    "sys_exit_sendfile64",
+    "sys_exit_splice",
+    "sys_exit_copy_file_range",
+    "sys_exit_fallocate",
+];
+const OPEN_EXITS: &[&str] = &[
+    "sys_exit_open",
+    "sys_exit_openat",
+    "sys_exit_openat2",
+    "sys_exit_creat",
+];
+
 pub const HOOKS: &[Hook] = &[
     sys(
         "sys_exit_files",
@@ -125,29 +155,14 @@ pub const HOOKS: &[Hook] = &[
     sys(
         "sys_exit_writes_stack",
         Args::Stack,
-        &[
-            "sys_exit_write",
-            "sys_exit_pwrite64",
-            "sys_exit_writev",
-            "sys_exit_pwritev",
-            "sys_exit_pwritev2",
-            "sys_exit_fallocate",
-            "sys_exit_sendfile64",
-            "sys_exit_splice",
-            "sys_exit_copy_file_range",
-        ],
+        WRITE_EXITS,
         true,
         "ENOSPC failures of writes and fallocate",
     ),
     sys(
         "sys_exit_opens_stack",
         Args::Stack,
-        &[
-            "sys_exit_open",
-            "sys_exit_openat",
-            "sys_exit_openat2",
-            "sys_exit_creat",
-        ],
+        OPEN_EXITS,
         true,
         "failed opens of /dev/shm files, tmpfs files created",
     ),
@@ -290,16 +305,7 @@ pub const TRAMPOLINES: &[Trampoline] = &[
         // tmpfs's own write_iter since 6.12; the generic one before (which
         // few other filesystems use).
         functions: &[("shmem_file_write_iter", 2), ("generic_file_write_iter", 2)],
-        replaces: &[
-            "sys_exit_write",
-            "sys_exit_pwrite64",
-            "sys_exit_writev",
-            "sys_exit_pwritev",
-            "sys_exit_pwritev2",
-            "sys_exit_sendfile64",
-            "sys_exit_splice",
-            "sys_exit_copy_file_range",
-        ],
+        replaces: WRITE_ITER_EXITS,
     },
     Trampoline {
         need: "fallocate ENOSPC",
@@ -313,12 +319,7 @@ pub const TRAMPOLINES: &[Trampoline] = &[
         prog: "fx_opens",
         stack_prog: "fx_opens_stack",
         functions: &[("do_sys_openat2", 3)],
-        replaces: &[
-            "sys_exit_open",
-            "sys_exit_openat",
-            "sys_exit_openat2",
-            "sys_exit_creat",
-        ],
+        replaces: OPEN_EXITS,
     },
     Trampoline {
         need: "mmap (errors, tmpfs files mapped)",

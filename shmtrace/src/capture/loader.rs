@@ -490,10 +490,11 @@ fn trampolines(
                         Err(e) => {
                             let e = format!("the kernel refused fexit/{f}: {e:#}");
                             if e.contains("Operation not permitted") {
-                                refused = Some(format!(
+                                refused = Some(
                                     "this kernel refuses fexit programs (EPERM; no BPF trampolines: \
                                      ftrace's direct calls are off or blocked)"
-                                ));
+                                        .to_string(),
+                                );
                             }
                             why.push(e);
                         }

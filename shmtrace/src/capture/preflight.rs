@@ -60,7 +60,7 @@ pub fn check_btf() -> Result<()> {
         bail!(
             "/sys/kernel/btf/vmlinux is missing: this kernel was built without BTF \
              (CONFIG_DEBUG_INFO_BTF=y). shmtrace reads kernel struct offsets from it; \
-             use a distribution kernel from 5.15 on, which all ship BTF."
+             use a distribution kernel from 5.10 on that ships BTF (Debian 11+, Ubuntu 20.10+, RHEL 8.2+, Amazon Linux 2's 5.10)."
         );
     }
     Ok(())
