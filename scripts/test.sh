@@ -15,10 +15,14 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
 rm -f target/vm-tested-*.txt
-cargo test --release --locked --no-fail-fast --workspace --lib --bins --tests -- --test-threads=2 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
-# A failed test may leave a workload waiting for its finish file.
+# tee through a process substitution, not a pipe: a process a failed test
+# left behind may hold the output open, and a pipeline would wait for it.
+cargo test --release --locked --no-fail-fast --workspace --lib --bins --tests -- --test-threads=2 > >(tee "$log") 2>&1
+status=$?
+# A failed test may leave a workload waiting for its finish file, or an agent.
 pkill -f "$PWD/target/test-workloads/" 2>/dev/null || true
+pkill -INT -f "^$PWD/target/release/shmtrace " 2>/dev/null || true
+sleep 1
 set -e
 # The second kernel the VM test booted, when it passed.
 for k in 5.10 6.1 6.12; do cat target/vm-tested-$k.txt 2>/dev/null || echo "vm: the $k VM test did not pass (see above)"; done

@@ -384,32 +384,95 @@ pub fn report_until(path: &Path, what: &str, mut ok: impl FnMut(&Value) -> bool)
     }
 }
 
+/// A shmtrace child that is killed when the test lets go of it, so a
+/// failed assertion never leaves an agent attached (and holding the
+/// suite's output pipe) after the test.
+pub struct Agent(Option<Child>);
+
+impl Agent {
+    pub fn new(child: Child) -> Self {
+        Self(Some(child))
+    }
+
+    /// The child, no longer killed on drop: for `wait_with_output`.
+    pub fn into_child(mut self) -> Child {
+        self.0
+            .take()
+            .expect("an agent holds its child until dropped")
+    }
+}
+
+impl std::ops::Deref for Agent {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0
+            .as_ref()
+            .expect("an agent holds its child until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Agent {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0
+            .as_mut()
+            .expect("an agent holds its child until dropped")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0
+            && let Ok(None) = c.try_wait()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Reads shmtrace's stderr up to its first line that is not a note (notes
+/// such as the hooks' backend come first, and only on some kernels): that
+/// line, with the notes before it.
+pub fn first_status_line(r: &mut impl BufRead) -> (String, Vec<String>) {
+    let mut notes = Vec::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return (line, notes);
+        }
+        if line.starts_with("shmtrace: note:") {
+            notes.push(line);
+            continue;
+        }
+        return (line, notes);
+    }
+}
+
 /// `shmtrace --quiet EXTRA --report REPORT` node-wide, once it is tracing.
-pub fn start_node_wide(extra: &[&str], report: &Path) -> Child {
+pub fn start_node_wide(extra: &[&str], report: &Path) -> Agent {
     start_node_wide_to(extra, report, Stdio::inherit())
 }
 
 /// [`start_node_wide`] with its stdout (incident log lines, `-o json`)
 /// piped to the test.
-pub fn start_node_wide_piped(extra: &[&str], report: &Path) -> Child {
+pub fn start_node_wide_piped(extra: &[&str], report: &Path) -> Agent {
     start_node_wide_to(extra, report, Stdio::piped())
 }
 
-fn start_node_wide_to(extra: &[&str], report: &Path, stdout: Stdio) -> Child {
-    let mut tracer = Command::new(shmtrace())
-        .arg("--quiet")
-        .args(extra)
-        .arg("--report")
-        .arg(report)
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(tracer.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
+fn start_node_wide_to(extra: &[&str], report: &Path, stdout: Stdio) -> Agent {
+    let mut tracer = Agent::new(
+        Command::new(shmtrace())
+            .arg("--quiet")
+            .args(extra)
+            .arg("--report")
+            .arg(report)
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (line, notes) = first_status_line(&mut BufReader::new(tracer.stderr.as_mut().unwrap()));
+    assert!(line.contains("tracing every process"), "{notes:?} {line}");
     tracer
 }
 

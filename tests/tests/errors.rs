@@ -308,13 +308,12 @@ fn the_daemonset_manifest_runs_flags_shmtrace_accepts() {
         .unwrap();
     let mut cleanup = Cleanup::new(None);
     cleanup.pids.push(agent.id());
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(agent.stderr.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert!(line.contains("tracing every process"), "{args:?}: {line}");
+    let (line, notes) =
+        first_status_line(&mut std::io::BufReader::new(agent.stderr.as_mut().unwrap()));
+    assert!(
+        line.contains("tracing every process"),
+        "{args:?}: {notes:?} {line}"
+    );
     assert_eq!(http_get(port, "/healthz").trim(), "ok");
     // SAFETY: plain kill(2) of the child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };

@@ -259,9 +259,8 @@ fn the_closing_summary_and_json_give_one_story_per_incident() {
         .unwrap();
     cleanup.pids.push(tracer.id());
     let mut err = BufReader::new(tracer.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
+    let (line, notes) = first_status_line(&mut err);
+    assert!(line.contains("tracing every process"), "{notes:?} {line}");
     // Drained beside us: the once-a-second lines must not fill the pipe.
     let stderr = std::thread::spawn(move || {
         let mut s = String::new();

@@ -413,7 +413,7 @@ fn its_own_events_file_on_a_full_tmpfs_neither_feeds_back_nor_loses_the_report()
     });
     signal(tracer.id(), libc::SIGINT);
     let me = tracer.id() as u64;
-    let out = tracer.wait_with_output().unwrap();
+    let out = tracer.into_child().wait_with_output().unwrap();
     let _ = Command::new("umount").arg("-l").arg(&tiny).status();
     assert!(out.status.success());
     let r: Value = read_report(&report);

@@ -5,7 +5,7 @@
 //! No registry: the image is a skeleton root with the host's /usr bound in.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::BufReader,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     time::Duration,
@@ -320,11 +320,8 @@ fn shmtrace_runs_in_a_container_with_the_manifests_capabilities_and_no_more() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let mut line = String::new();
-    BufReader::new(ds.stderr.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("tracing every process"), "{line}");
+    let (line, notes) = first_status_line(&mut BufReader::new(ds.stderr.as_mut().unwrap()));
+    assert!(line.contains("tracing every process"), "{notes:?} {line}");
     let argv = in_private_ns(
         "mount -t tmpfs -o size=8m tmpfs /dev/shm && echo $$ && \
          exec dd if=/dev/zero of=/dev/shm/a bs=1M count=10",
@@ -393,7 +390,7 @@ fn the_live_stream_follows_container_filters_as_json_lines() {
     // Each failure is streamed when applied, before the report shows it.
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
-    let out = tracer.wait_with_output().unwrap();
+    let out = tracer.into_child().wait_with_output().unwrap();
     let stream = String::from_utf8_lossy(&out.stdout);
     let failures: Vec<Value> = stream
         .lines()

@@ -467,7 +467,9 @@ fn trampolines(
         let mut met = None;
         for &(f, params) in t.functions {
             if let Some(r) = &refused {
-                why.push(r.clone());
+                if !why.contains(r) {
+                    why.push(r.clone());
+                }
                 break;
             }
             match btf.function_params(f) {
@@ -488,15 +490,18 @@ fn trampolines(
                             break;
                         }
                         Err(e) => {
-                            let e = format!("the kernel refused fexit/{f}: {e:#}");
+                            let e = format!("{e:#}");
                             if e.contains("Operation not permitted") {
-                                refused = Some(
-                                    "this kernel refuses fexit programs (EPERM; no BPF trampolines: \
-                                     ftrace's direct calls are off or blocked)"
-                                        .to_string(),
-                                );
+                                let r = "this kernel refuses fexit programs (EPERM: no BPF \
+                                         trampolines, ftrace's direct calls are off or blocked)"
+                                    .to_string();
+                                why.push(r.clone());
+                                refused = Some(r);
+                            } else {
+                                // The verifier's log is for doctor, not one line.
+                                let first = e.lines().next().unwrap_or_default();
+                                why.push(format!("the kernel refused fexit/{f}: {first}"));
                             }
-                            why.push(e);
                         }
                     }
                 }
@@ -538,12 +543,22 @@ fn needs_note(needs: &[NeedChoice]) -> Option<String> {
     }
     let on = needs.iter().filter(|n| n.backend == "trampolines").count();
     let mut reasons: Vec<&str> = fell.iter().filter_map(|n| n.fell_back.as_deref()).collect();
+    reasons.sort_unstable();
     reasons.dedup();
+    let carried = if on == 0 {
+        format!("all {} needs", needs.len())
+    } else {
+        let names: Vec<&str> = fell.iter().map(|n| n.need).collect();
+        format!(
+            "{} of {} needs ({})",
+            fell.len(),
+            needs.len(),
+            names.join(", ")
+        )
+    };
     Some(format!(
-        "hooks: {on} of {} needs on trampolines; syscall tracepoints carry {} ({}): every \
-         syscall on the node takes the kernel's slower path while they are attached",
-        needs.len(),
-        fell.iter().map(|n| n.need).collect::<Vec<_>>().join(", "),
+        "hooks: syscall tracepoints carry {carried}, as {}: every syscall on the node takes \
+         the kernel's slower path while they are attached (shmtrace doctor lists each need)",
         reasons.join("; ")
     ))
 }
