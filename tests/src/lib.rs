@@ -492,3 +492,71 @@ pub fn http_get(port: u32, path: &str) -> String {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default()
 }
+
+/// What a report says about one run, without what differs from run to run
+/// (pids, times, inode numbers, the exact bytes a killed writer got to):
+/// two backends, or two runs, that saw the same failure tell the same story.
+pub fn story(r: &Value) -> Value {
+    let f = &r["first_failure"];
+    let mut kinds: Vec<Value> = Vec::new();
+    for x in r["failures"].as_array().into_iter().flatten() {
+        let k = serde_json::json!([x["kind"], x["syscall"], x["errno"], x["path"]]);
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let mut files: Vec<Value> = r["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["allocated_bytes"].as_u64() > Some(0))
+        .map(|x| serde_json::json!([x["name"], x["unlinked"]]))
+        .collect();
+    files.sort_by_key(|v| v.to_string());
+    files.dedup();
+    let mut holders: Vec<String> = f["holders"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|h| h["comm"].as_str().unwrap_or_default().to_string())
+        .collect();
+    holders.sort();
+    let d = &r["diagnosis"];
+    serde_json::json!({
+        "first": {
+            "kind": f["kind"], "syscall": f["syscall"], "errno": f["errno"],
+            "signal": f["signal"], "si_code": f["si_code"], "comm": f["comm"],
+            "path": f["path"], "bytes": f["bytes"], "offset": f["offset"],
+            "file_size": f["file_size"], "unlinked": f["unlinked"],
+            "reason": f["reason"], "cause": masked(&f["cause"]),
+            "mountpoint": f["mount"]["mountpoint"], "size": f["mount"]["size_bytes"],
+            "container": f["container"]["pod_uid"],
+        },
+        "failures": kinds,
+        "files": files,
+        "holders": holders,
+        "diagnosis": {
+            "signature": d["signature"], "framework": d["framework"],
+            "recommended": d["recommended_shm_bytes"], "summary": masked(&d["summary"]),
+        },
+    })
+}
+
+/// A report's sentence with every number in it as `#`.
+fn masked(v: &Value) -> Value {
+    let Some(s) = v.as_str() else {
+        return v.clone();
+    };
+    let mut out = String::new();
+    let mut in_num = false;
+    for c in s.chars() {
+        let digit = c.is_ascii_digit() || (in_num && c == '.');
+        if digit && !in_num {
+            out.push('#');
+        } else if !digit {
+            out.push(c);
+        }
+        in_num = digit;
+    }
+    Value::String(out)
+}

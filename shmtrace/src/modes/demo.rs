@@ -72,6 +72,10 @@ pub fn trainer(w: Workload) -> Result<i32> {
         for (_, sock) in &workers {
             while let Some(fd) = recv_fd(sock.as_raw_fd()) {
                 held.push(fd);
+                // The worker waits for this before its next batch, so what
+                // is in /dev/shm is the trainer's, not in a socket's queue,
+                // however slow the machine (a dead worker: nothing to tell).
+                let _ = nix::sys::socket::send(sock.as_raw_fd(), &[1], MsgFlags::MSG_NOSIGNAL);
             }
         }
         for (pid, _) in &workers {
@@ -188,6 +192,13 @@ fn worker(idx: u32, w: Workload, sock: OwnedFd) -> ! {
             std::process::exit(0); // trainer gone
         }
         drop(fd);
+        // The trainer's word that it holds the batch (like a DataLoader's
+        // bounded prefetch); nothing means the trainer is gone.
+        let mut ack = [0u8; 1];
+        match nix::sys::socket::recv(sock.as_raw_fd(), &mut ack, MsgFlags::empty()) {
+            Ok(1) => {}
+            _ => std::process::exit(0),
+        }
         std::thread::sleep(pause);
     }
     std::process::exit(0)

@@ -124,7 +124,7 @@ pub async fn doctor() -> Result<i32> {
             let _ = writeln!(s, "             fentry/fexit: {}", extra(&fentry));
             let _ = writeln!(
                 s,
-                "             shmtrace needs neither: stable tracepoints carry the whole capture"
+                "             shmtrace needs neither: without fexit, syscall tracepoints carry each need"
             );
         }
         Err(e) => {
