@@ -17,8 +17,8 @@ use super::{
     decode::Decoder,
     features,
     hooks::{
-        ABSENT, Backend, CUDA_PROBES, HOOKS, Kind, NeedChoice, TRAMPOLINES, attach, attach_fexit,
-        hook_name, load, load_uprobe, program,
+        ABSENT, Args, Backend, CUDA_PROBES, HOOKS, Kind, NeedChoice, TRAMPOLINES, attach,
+        attach_fexit, hook_name, load, load_uprobe, program,
     },
     offsets,
     order::Orderer,
@@ -95,7 +95,7 @@ impl Tracer {
             ));
         }
         let btf = Btf::from_sys()?;
-        let kernel = features::Kernel::detect(&btf);
+        let mut kernel = features::Kernel::detect(&btf);
         notes.extend(features::raise_memlock(&kernel));
         if !kernel.task_pt_regs {
             notes.push(format!(
@@ -149,6 +149,34 @@ impl Tracer {
         if let Some(note) = needs_note(&needs) {
             notes.push(note);
         }
+        // Some verifiers (6.1's) give up on the one program that serves
+        // every syscall exit (its 1M-instruction budget): the per-family
+        // programs made for kernels before 5.15 pass them and read the same
+        // arguments from the task's kernel stack.
+        let mut preloaded = None;
+        if let Some(h) = HOOKS.iter().find(|h| {
+            h.args == Args::Btf
+                && h.names.len() > 1
+                && h.category == "syscalls"
+                && want(h.prog)
+                && h.fits(&kernel)
+                && !h.names.iter().all(|n| covered.contains(n))
+        }) {
+            match load(&mut ebpf, h.prog, h.kind) {
+                Ok(()) => preloaded = Some(h.prog),
+                Err(e) => {
+                    let e = format!("{e:#}");
+                    notes.push(format!(
+                        "kernel {}: its verifier refused {} ({}); syscall arguments read from \
+                         each task's kernel stack instead, one program per syscall family",
+                        kernel.release,
+                        h.prog,
+                        e.lines().next().unwrap_or_default()
+                    ));
+                    kernel.task_pt_regs = false;
+                }
+            }
+        }
         for h in HOOKS {
             if !want(h.prog) || !h.fits(&kernel) {
                 continue;
@@ -157,7 +185,11 @@ impl Tracer {
                 continue;
             }
             let prog = h.prog;
-            let loaded = load(&mut ebpf, prog, h.kind);
+            let loaded = if preloaded == Some(prog) {
+                Ok(())
+            } else {
+                load(&mut ebpf, prog, h.kind)
+            };
             for &name in h.names {
                 if covered.contains(name) {
                     continue;
