@@ -22,6 +22,7 @@ status=$?
 # A failed test may leave a workload waiting for its finish file, or an agent.
 pkill -f "$PWD/target/test-workloads/" 2>/dev/null || true
 pkill -INT -f "^$PWD/target/release/shmtrace " 2>/dev/null || true
+# Not `wait` for tee: a stray writer would hold it; a moment lets it flush.
 sleep 1
 set -e
 # The second kernel the VM test booted, when it passed.

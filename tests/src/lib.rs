@@ -437,14 +437,11 @@ pub fn first_status_line(r: &mut impl BufRead) -> (String, Vec<String>) {
     let mut notes = Vec::new();
     loop {
         let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
+        let read = r.read_line(&mut line).unwrap_or(0);
+        if read == 0 || !line.starts_with("shmtrace: note:") {
             return (line, notes);
         }
-        if line.starts_with("shmtrace: note:") {
-            notes.push(line);
-            continue;
-        }
-        return (line, notes);
+        notes.push(line);
     }
 }
 

@@ -154,7 +154,7 @@ fn sections(data: &str) -> BTreeMap<(String, String), String> {
 
 /// One VM's run: the data port's sections and what it booted.
 struct Vm {
-    backends: Vec<String>,
+    hooks: String,
     s: BTreeMap<(String, String), String>,
     text: String,
     console: String,
@@ -171,10 +171,9 @@ fn only() -> Option<String> {
         .filter(|o| !o.is_empty())
 }
 
-/// Boots Debian's kernel SERIES with `shmtrace.hooks=B1,B2...` and waits
-/// for its scenarios: each runs once with each backend, in that order.
-fn boot(series: &str, backends: &[&str]) -> Vm {
-    let hooks = backends.join(",");
+/// Boots Debian's kernel SERIES with `shmtrace.hooks=HOOKS` and waits for
+/// its scenarios.
+fn boot(series: &str, hooks: &str) -> Vm {
     let dir = scratch(&format!("vm-{series}-{hooks}"));
     let kernel = kernel(series);
     let initrd = initramfs(&dir);
@@ -244,7 +243,7 @@ fn boot(series: &str, backends: &[&str]) -> Vm {
     );
     let _ = std::fs::remove_dir_all(&dir);
     Vm {
-        backends: backends.iter().map(|b| b.to_string()).collect(),
+        hooks: hooks.to_string(),
         s,
         text,
         console,
@@ -285,10 +284,10 @@ fn kernel_matrix(series: &str) {
     let _ = std::fs::remove_file(&tested);
     // One boot per backend: each starts from the same fresh machine (the
     // pods' cgroups, their OOM counts), as two nodes would.
-    let tp = boot(series, &["tracepoints"]);
-    check(&tp, "tracepoints");
-    let vm = boot(series, &["auto"]);
-    let reports = check(&vm, "auto");
+    let tp = boot(series, "tracepoints");
+    check(&tp);
+    let vm = boot(series, "auto");
+    let reports = check(&vm);
     let agreed = same_story(&tp, &vm);
     if only().is_some() {
         return;
@@ -307,18 +306,18 @@ fn kernel_matrix(series: &str) {
 }
 
 /// Each scenario's report from VM A is the one from VM B (two backends):
-/// the same first failure, failures, files, holders and diagnosis. Returns
-/// how many were compared.
+/// the same first failure, failures, files and diagnosis ([`story`]).
+/// Returns how many were compared.
 fn same_story(va: &Vm, vb: &Vm) -> usize {
-    let (a, b) = (&va.backends[0], &vb.backends[0]);
+    let (a, b) = (&va.hooks, &vb.hooks);
     let mut n = 0;
     for name in SCENARIOS {
-        let get = |vm: &Vm, backend: &str| {
-            vm.s.get(&(format!("{name}@{backend}"), "report.json".to_string()))
+        let get = |vm: &Vm| {
+            vm.s.get(&(name.to_string(), "report.json".to_string()))
                 .filter(|r| !r.trim().is_empty())
                 .map(|r| story(&report_json(r)))
         };
-        let (Some(mut x), Some(mut y)) = (get(va, a), get(vb, b)) else {
+        let (Some(mut x), Some(mut y)) = (get(va), get(vb)) else {
             assert!(only().is_some(), "{name}: a report is missing\n{}", vb.text);
             continue;
         };
@@ -343,7 +342,7 @@ fn same_story(va: &Vm, vb: &Vm) -> usize {
 }
 
 /// Checks every scenario of one VM; returns what was checked.
-fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
+fn check(vm: &Vm) -> Vec<&'static str> {
     let (s, text, console_text) = (&vm.s, &vm.text, &vm.console);
     let mut checked = Vec::new();
     let on = |n: &str| only().is_none_or(|o| o == n);
@@ -360,13 +359,13 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
         "{layout}"
     );
 
-    let at = |name: &str| format!("{name}@{backend}");
+    let backend = &vm.hooks;
     let report = |name: &str| -> Value {
         let r = s
-            .get(&(at(name), "report.json".to_string()))
+            .get(&(name.to_string(), "report.json".to_string()))
             .unwrap_or_else(|| panic!("no report for {name} with {backend}:\n{text}"));
         let stderr = s
-            .get(&(at(name), "stderr.txt".to_string()))
+            .get(&(name.to_string(), "stderr.txt".to_string()))
             .cloned()
             .unwrap_or_default();
         assert!(
@@ -378,11 +377,11 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
 
     if on("doctor") {
         // 0: doctor attached every hook.
-        let doctor = &s[&(at("doctor"), "doctor.txt".into())];
+        let doctor = &s[&("doctor".into(), "doctor.txt".into())];
         assert!(
             doctor.contains("\nexit 0"),
             "doctor failed:\n{doctor}\n{}",
-            s[&(at("doctor"), "stderr.txt".into())]
+            s[&("doctor".into(), "stderr.txt".into())]
         );
         let hook_lines: Vec<&str> = doctor
             .lines()
@@ -413,7 +412,9 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
                 .filter(|l| l.contains(" trampolines (fexit/"))
                 .count();
             assert!(
-                on == 8 && syscall_tps == 0 && !doctor.contains("fell back:"),
+                on == shmtrace::capture::hooks::TRAMPOLINES.len()
+                    && syscall_tps == 0
+                    && !doctor.contains("fell back:"),
                 "{}: not every need on a trampoline:\n{doctor}",
                 vm.kernel_line
             );
@@ -428,7 +429,7 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
         for mode in ["sigbus", "write", "fallocate"] {
             let name = format!("order-{mode}");
             let r = report(&name);
-            let truth = truth(&s[&(at(&name), "truth.json".into())]);
+            let truth = truth(&s[&(name.clone(), "truth.json".into())]);
             let order = pids(&truth["order"]);
             let first = &r["first_failure"];
             assert_eq!(first["pid"].as_u64(), Some(order[0]), "{name}: {first}");
@@ -455,7 +456,7 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
     if on("inodes") {
         // ENOSPC on open at the inode limit.
         let r = report("inodes");
-        let t = truth(&s[&(at("inodes"), "truth.json".into())]);
+        let t = truth(&s[&("inodes".into(), "truth.json".into())]);
         assert_eq!(t["errno"].as_i64(), Some(28), "{t}");
         let f = &r["first_failure"];
         assert_eq!(f["kind"], "enospc", "{f}");
@@ -469,7 +470,7 @@ fn check(vm: &Vm, backend: &str) -> Vec<&'static str> {
     if on("mmap-error") {
         // mmap ENOMEM under RLIMIT_AS.
         let r = report("mmap-error");
-        let t = truth(&s[&(at("mmap-error"), "truth.json".into())]);
+        let t = truth(&s[&("mmap-error".into(), "truth.json".into())]);
         let f = &r["first_failure"];
         assert_eq!(f["kind"], "mmap_error", "{f}");
         assert_eq!(f["syscall"], "mmap", "{f}");

@@ -152,30 +152,28 @@ impl Tracer {
         // Some verifiers (6.1's) give up on the one program that serves
         // every syscall exit (its 1M-instruction budget): the per-family
         // programs made for kernels before 5.15 pass them and read the same
-        // arguments from the task's kernel stack.
-        let mut preloaded = None;
-        if let Some(h) = HOOKS.iter().find(|h| {
+        // arguments from the task's kernel stack. Tried before any attach,
+        // so a refusal switches every syscall hook at once.
+        let mut preloaded = Vec::new();
+        for h in HOOKS.iter().filter(|h| {
             h.args == Args::Btf
-                && h.names.len() > 1
-                && h.category == "syscalls"
                 && want(h.prog)
                 && h.fits(&kernel)
                 && !h.names.iter().all(|n| covered.contains(n))
         }) {
-            match load(&mut ebpf, h.prog, h.kind) {
-                Ok(()) => preloaded = Some(h.prog),
-                Err(e) => {
-                    let e = format!("{e:#}");
-                    notes.push(format!(
-                        "kernel {}: its verifier refused {} ({}); syscall arguments read from \
-                         each task's kernel stack instead, one program per syscall family",
-                        kernel.release,
-                        h.prog,
-                        e.lines().next().unwrap_or_default()
-                    ));
-                    kernel.task_pt_regs = false;
-                }
+            if let Err(e) = load(&mut ebpf, h.prog, h.kind) {
+                let e = format!("{e:#}");
+                notes.push(format!(
+                    "kernel {}: its verifier refused {} ({}); syscall arguments read from \
+                     each task's kernel stack instead, one program per syscall family",
+                    kernel.release,
+                    h.prog,
+                    e.lines().next().unwrap_or_default()
+                ));
+                kernel.task_pt_regs = false;
+                break;
             }
+            preloaded.push(h.prog);
         }
         for h in HOOKS {
             if !want(h.prog) || !h.fits(&kernel) {
@@ -185,7 +183,7 @@ impl Tracer {
                 continue;
             }
             let prog = h.prog;
-            let loaded = if preloaded == Some(prog) {
+            let loaded = if preloaded.contains(&prog) {
                 Ok(())
             } else {
                 load(&mut ebpf, prog, h.kind)
