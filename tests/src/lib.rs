@@ -2,6 +2,8 @@
 //! into this kernel) against real workloads in private mount namespaces
 //! with small tmpfs /dev/shm. Needs root; `scripts/test.sh` sets it all up.
 
+pub mod guest;
+
 use std::{
     fs::File,
     io::{BufRead, BufReader, Read},
@@ -491,7 +493,8 @@ pub fn http_get(port: u32, path: &str) -> String {
 }
 
 /// What a report says about one run, without what differs from run to run
-/// (pids, times, inode numbers, the exact bytes a killed writer got to):
+/// (pids, times, inode numbers, the exact bytes a killed writer got to,
+/// what failing processes held):
 /// two backends, or two runs, that saw the same failure tell the same story.
 pub fn story(r: &Value) -> Value {
     let f = &r["first_failure"];
@@ -511,10 +514,20 @@ pub fn story(r: &Value) -> Value {
         .collect();
     files.sort_by_key(|v| v.to_string());
     files.dedup();
+    // Holders that did not fail: what a failing writer holds (a failing
+    // fallocate's pages before tmpfs frees them) depends on when the
+    // holders were read.
+    let failed: Vec<&Value> = r["failures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| &x["pid"])
+        .collect();
     let mut holders: Vec<String> = f["holders"]
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|h| !failed.contains(&&h["pid"]))
         .map(|h| h["comm"].as_str().unwrap_or_default().to_string())
         .collect();
     holders.sort();
@@ -539,7 +552,7 @@ pub fn story(r: &Value) -> Value {
     })
 }
 
-/// A report's sentence with every number in it as `#`.
+/// A report's sentence with every number in it as `#`, sizes as `# bytes`.
 fn masked(v: &Value) -> Value {
     let Some(s) = v.as_str() else {
         return v.clone();
@@ -554,6 +567,11 @@ fn masked(v: &Value) -> Value {
             out.push(c);
         }
         in_num = digit;
+    }
+    // And their units: a few pages more or less free at a failure's moment
+    // turn "4.0 KiB" into "0 B".
+    for unit in ["# GiB", "# MiB", "# KiB", "# B"] {
+        out = out.replace(unit, "# bytes");
     }
     Value::String(out)
 }

@@ -166,7 +166,7 @@ tracepoint:syscalls:sys_exit_openat,tracepoint:syscalls:sys_exit_mmap,\
 tracepoint:syscalls:sys_exit_recvmsg /args->ret < 0/ { @failed[pid, comm, args->ret] = count(); }";
 
 /// Every syscall exit shmtrace hooks, with an empty program.
-const BPFTRACE_DISPATCH: &str = "tracepoint:syscalls:sys_exit_write,\
+pub(crate) const BPFTRACE_DISPATCH: &str = "tracepoint:syscalls:sys_exit_write,\
 tracepoint:syscalls:sys_exit_pwrite64,tracepoint:syscalls:sys_exit_writev,\
 tracepoint:syscalls:sys_exit_pwritev,tracepoint:syscalls:sys_exit_pwritev2,\
 tracepoint:syscalls:sys_exit_fallocate,tracepoint:syscalls:sys_exit_sendfile64,\
@@ -654,7 +654,7 @@ fn json_number(text: &str, key: &str) -> Option<f64> {
         .and_then(|s| s.trim().parse::<f64>().ok())
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     if v.is_empty() {
@@ -665,7 +665,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// "x1.012 (1.004-1.020)": median and range of ratios.
-fn spread(v: &[f64]) -> String {
+pub(crate) fn spread(v: &[f64]) -> String {
     if v.is_empty() {
         return "-".into();
     }

@@ -7,12 +7,20 @@
 //!                       loss onset, RSS; the agent's own CPU idle, per
 //!                       process start and on a steady node (as root;
 //!                       --agent: that last table only)
+//!   cargo xtask bench --vm KERNEL
+//!                       the same ratios on one of Debian's kernels
+//!                       (5.10, 6.1, 6.12) under QEMU: nothing attached,
+//!                       the floor, empty programs, --hooks tracepoints,
+//!                       --hooks trampolines
 //!   cargo xtask soak    node-wide shmtrace under churn: memory and CPU
 //!                       over time (as root)
 
 mod agent;
 mod bench;
+#[path = "../../tests/src/guest.rs"]
+mod guest;
 mod soak;
+mod vm_bench;
 
 use std::process::Command;
 
@@ -43,6 +51,14 @@ enum Cmd {
         /// node (a minute, not the whole table).
         #[arg(long)]
         agent: bool,
+        /// Run inside Debian's kernel SERIES (5.10, 6.1, 6.12) under QEMU,
+        /// where BPF trampolines work: nothing attached, the floor, empty
+        /// programs on the syscall exits, --hooks tracepoints and --hooks
+        /// trampolines, on the everyday syscalls and the shm workload
+        /// (scripts/setup.sh --test fetches the kernels; TCG: ratios only,
+        /// about 3 minutes a round).
+        #[arg(long, value_name = "KERNEL", conflicts_with_all = ["compare", "agent"])]
+        vm: Option<String>,
     },
     /// Node-wide shmtrace under process, file, namespace and SIGBUS churn:
     /// RSS and CPU over time, and the budget they set.
@@ -98,8 +114,12 @@ fn main() -> Result<()> {
             rounds,
             compare,
             agent,
+            vm,
         } => {
             let root = std::path::Path::new(root);
+            if let Some(series) = vm {
+                return vm_bench::run(root, &series, rounds);
+            }
             if !agent {
                 bench::run(
                     root,

@@ -119,8 +119,9 @@ pub fn fds_of(pid: u32) -> Option<Vec<FdEntry>> {
             .map(|l| last_component(&l));
         out.push(FdEntry { fd, stat, name });
     }
-    // A zombie lists no fds: it has exited, its books wait for its exit.
-    if out.is_empty() && has_exited(pid) {
+    // A process that exited during the listing lost its later fds midway
+    // (and a zombie lists none): its books wait for its exit event.
+    if has_exited(pid) {
         return None;
     }
     Some(out)

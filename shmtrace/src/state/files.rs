@@ -10,7 +10,7 @@
 //! received over unix sockets, a tracked fd gone, which a copy made by dup
 //! or fcntl may outlive, fork). This component only keeps the books.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -256,13 +256,16 @@ impl Files {
         self.rescan.remove(&pid);
     }
 
-    /// Files nobody holds that still have a name we can look up (relative
-    /// to their mount, unescaped): whether the name is still there says
-    /// whether the file still is.
-    pub fn unheld_named(&self) -> Vec<(FileKey, String)> {
+    /// Named files no holder could measure this round (`measured`): nobody
+    /// holds them, or every holder's fd and mapping failed to answer (it
+    /// exited before its exit event was applied, as the processes of a
+    /// short job are by the time its first failure is). Their name, looked
+    /// up relative to their mount (unescaped), tells their size, or that
+    /// they were unlinked.
+    pub fn unmeasured_named(&self, measured: &HashSet<FileKey>) -> Vec<(FileKey, String)> {
         self.files
             .iter()
-            .filter(|(_, f)| !f.unlinked && f.fds.is_empty() && f.map_holders.is_empty())
+            .filter(|(k, f)| !f.unlinked && !measured.contains(k))
             .filter_map(|(k, f)| {
                 let n = f.name.as_deref()?;
                 // Escaped names and cut paths (".../") cannot be looked up.
@@ -288,8 +291,9 @@ impl Files {
             .collect()
     }
 
-    /// What a lookup by name found of a file nobody holds. Gone or another
-    /// file under the name: it was unlinked with no holder, so freed.
+    /// What a lookup by name found of a file. Gone or another file under
+    /// the name: it was unlinked, so freed if nobody holds it, else alive
+    /// until its last holder lets go.
     pub fn looked_up(&mut self, key: FileKey, found: Lookup) {
         let Some(f) = self.files.get_mut(&key) else {
             return;
@@ -301,9 +305,10 @@ impl Files {
                 f.size = st.size;
                 credit(f, grown, 0);
             }
-            Lookup::Found(_) | Lookup::Missing => {
+            Lookup::Found(_) | Lookup::Missing if f.holders().is_empty() => {
                 self.files.remove(&key);
             }
+            Lookup::Found(_) | Lookup::Missing => f.unlinked = true,
             Lookup::Unknown => {}
         }
     }
@@ -624,7 +629,11 @@ mod tests {
                 9,
             );
         }
-        let names: Vec<String> = fs.unheld_named().into_iter().map(|(_, n)| n).collect();
+        let names: Vec<String> = fs
+            .unmeasured_named(&HashSet::new())
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
         assert_eq!(names, vec!["ok".to_string()]);
         // Its name is gone: unlinked with nobody holding it, freed.
         fs.looked_up((SHM, 1), Lookup::Missing);

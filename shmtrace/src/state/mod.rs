@@ -545,11 +545,15 @@ impl State {
             let st = mappers
                 .iter()
                 .find_map(|&pid| host.stat_mapped(pid, key.0, key.1));
+            if st.is_some() {
+                measured.insert(key);
+            }
             self.files.measured(key, st);
         }
-        // Nobody holds them: the name tells whether they are still there
-        // (else they were unlinked, and tmpfs freed them).
-        for (key, rel) in self.files.unheld_named() {
+        // Nobody holds them, or no holder answered (gone before its exit
+        // was applied): the name tells whether they are still there, and
+        // their size (else they were unlinked).
+        for (key, rel) in self.files.unmeasured_named(&measured) {
             let Some((ns, m)) = self.mounts.measure_at(key.0) else {
                 continue;
             };

@@ -94,6 +94,50 @@ fn first_failure_on_a_mount_lists_its_holders() {
     );
 }
 
+/// A short job (the suite's order workload, in a VM or on a busy node) is
+/// gone by the time its first failure is read: no holder's fd answers,
+/// yet the parent's ballast it filled with an unseen fallocate is still
+/// there by name, and is what held the mount.
+#[test]
+fn holders_gone_before_the_first_failure_is_read_are_measured_by_name() {
+    let (mut st, mut host, mut s) = setup();
+    st.apply(
+        &Event::Opened {
+            h: s.h(20, 1),
+            syscall: Syscall::Openat,
+            fd: 3,
+            flags: libc::O_CREAT as u64,
+            file: file(300, "ballast", 0, 0, 0),
+        },
+        &mut host,
+    );
+    // Then 48 MiB of fallocate (no event), and both processes exit before
+    // the failure is applied: /proc has neither, the name is there.
+    host.file(SHM, 300, 48 * MIB as i64, 48 * MIB, 1);
+    host.names.insert((SHM, "ballast".into()), 300);
+    let mut w = file(301, "w2", 32 * MIB as i64, 0, (48 * MIB) / 4096);
+    w.allocated = 0;
+    st.apply(
+        &enospc(s.h(21, 1), Syscall::Fallocate, 4, 32 * MIB, w),
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    assert_eq!(
+        f.holders
+            .iter()
+            .map(|h| (h.pid, h.held_bytes))
+            .collect::<Vec<_>>(),
+        vec![(20, 48 * MIB)]
+    );
+    let b = st.files.get((SHM, 300)).unwrap();
+    assert!(!b.unlinked, "its name is still there");
+    // Removed while the books still say 20 holds it: unlinked, not freed.
+    host.names.clear();
+    st.tick(&mut host);
+    let b = st.files.get((SHM, 300)).expect("held files stay");
+    assert!(b.unlinked);
+}
+
 #[test]
 fn files_no_traced_process_made_are_listed_at_the_first_failure() {
     let (mut st, mut host, mut s) = setup();

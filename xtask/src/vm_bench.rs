@@ -1,0 +1,283 @@
+//! `cargo xtask bench --vm KERNEL`: what each backend costs work that never
+//! touches tmpfs, and the shm workload, on one of Debian's kernels (5.10,
+//! 6.1, 6.12) under QEMU, where BPF trampolines work (this machine's
+//! kernel refuses them). TCG emulates every instruction, so only ratios
+//! mean anything: each run is divided by the CPU work it times around
+//! itself (ref.h), each condition by nothing attached in the same round,
+//! and rounds rotate the conditions (xtask/bench/vm-init.sh).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    bench::{BPFTRACE_DISPATCH, median, spread},
+    guest,
+};
+
+struct VmWorkload {
+    name: &'static str,
+    what: &'static str,
+    source: &'static str,
+    args: &'static str,
+    reps: usize,
+    /// Touches /dev/shm (the rest never does).
+    shm: bool,
+}
+
+/// The host benchmark's workloads, shorter: TCG runs each syscall some
+/// ten times slower.
+const WORKLOADS: &[VmWorkload] = &[
+    VmWorkload {
+        name: "syscalls",
+        what: "open/read/close of a non-tmpfs file (30k calls)",
+        source: "syscalls.c",
+        args: "10000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "write",
+        what: "write: 64 bytes to /dev/null (20k)",
+        source: "everyday.c",
+        args: "write 20000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "fcntl",
+        what: "fcntl(F_GETFL) (20k)",
+        source: "everyday.c",
+        args: "fcntl 20000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "append",
+        what: "log appends: 100-byte writes to a file (20k)",
+        source: "everyday.c",
+        args: "append 20000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "mmap",
+        what: "anonymous 64 KiB mmap + munmap (10k)",
+        source: "everyday.c",
+        args: "mmap 10000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "socket",
+        what: "socketpair send + recv (10k)",
+        source: "everyday.c",
+        args: "socket 10000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "dup",
+        what: "dup + close of a /dev/null fd (10k)",
+        source: "everyday.c",
+        args: "dup 10000",
+        reps: 3,
+        shm: false,
+    },
+    VmWorkload {
+        name: "loader",
+        what: "shm: 4 workers create, fill, pass by fd, drop 24 segments of 1-32 MiB",
+        source: "loader.c",
+        args: "6",
+        reps: 3,
+        shm: true,
+    },
+];
+
+/// The conditions, in vm-init.sh's order, with their column heads.
+const CONDS: &[(&str, &str)] = &[
+    ("base", "base (x reference work)"),
+    ("floor", "floor (one empty program, sys_exit_acct)"),
+    ("empty", "empty programs on the syscall exits"),
+    ("tracepoints", "--hooks tracepoints"),
+    ("trampolines", "--hooks trampolines"),
+];
+
+pub fn run(root: &Path, series: &str, rounds: usize) -> Result<()> {
+    let shmtrace = crate::release_shmtrace(root, "the benchmark")?;
+    let kernel = guest::kernel(series)?;
+    let dir = root.join(format!("target/bench/vm-{series}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let tree = guest::Initramfs::new(&dir)?;
+    tree.put_dynamic(&shmtrace, "/bin/shmtrace")?;
+    let bench = root.join("xtask/bench");
+    let mut built: BTreeMap<&str, PathBuf> = BTreeMap::new();
+    for src in WORKLOADS.iter().map(|w| w.source).chain(["empty.c"]) {
+        if built.contains_key(src) {
+            continue;
+        }
+        let name = src.trim_end_matches(".c");
+        let exe = guest::static_build(&bench.join(src), &dir.join(name))?;
+        tree.put(&exe, &format!("/work/{name}"))?;
+        built.insert(src, exe);
+    }
+    let list: String = WORKLOADS
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {} {} {}\n",
+                w.name,
+                w.reps,
+                w.source.trim_end_matches(".c"),
+                w.args
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("workloads"), list)?;
+    tree.put(&dir.join("workloads"), "/work/workloads")?;
+    std::fs::write(dir.join("exits"), exits().join(" "))?;
+    tree.put(&dir.join("exits"), "/work/exits")?;
+    tree.put(&bench.join("vm-init.sh"), "/init")?;
+    let initrd = tree.pack(&dir.join("initrd.gz"))?;
+
+    eprintln!(
+        "booting {} under QEMU (TCG) for {rounds} rounds of {} conditions; \
+         about {} minutes...",
+        kernel.display(),
+        CONDS.len(),
+        2 + rounds * 3
+    );
+    let limit = Duration::from_secs(600 + 600 * rounds as u64);
+    let booted = guest::boot(
+        &kernel,
+        &initrd,
+        &format!("shmtrace.rounds={rounds}"),
+        &dir,
+        limit,
+    )?;
+    std::fs::write(dir.join("data.log"), &booted.data)?;
+    let s = guest::sections(&booted.data);
+    let kernel_line = s
+        .keys()
+        .find(|(n, _)| n == "kernel")
+        .map(|(_, f)| f.clone())
+        .with_context(|| format!("the guest never ran /init:\n{}", booted.console))?;
+    if !s.contains_key(&("done".to_string(), String::new())) {
+        bail!(
+            "the guest did not finish its rounds:\n{}\nconsole:\n{}",
+            booted.data,
+            booted.console
+        );
+    }
+    let runs = &s[&("runs".to_string(), "x".to_string())];
+    let errors: Vec<&str> = runs.lines().filter(|l| l.starts_with("error ")).collect();
+    if !errors.is_empty() {
+        bail!("runs failed in the guest:\n{}", errors.join("\n"));
+    }
+    let times = parse_runs(runs)?;
+    let doctor = &s[&("doctor".to_string(), "trampolines".to_string())];
+    print_table(&kernel_line, rounds, &times, doctor);
+    eprintln!(
+        "(the guest ran {:.0?}; its output: {})",
+        booted.elapsed,
+        dir.join("data.log").display()
+    );
+    Ok(())
+}
+
+/// The syscall exits shmtrace's tracepoint backend attaches to, as the
+/// host benchmark's empty bpftrace programs name them.
+fn exits() -> Vec<&'static str> {
+    BPFTRACE_DISPATCH
+        .trim_end_matches(" { }")
+        .split(',')
+        .map(|t| t.trim().trim_start_matches("tracepoint:syscalls:"))
+        .collect()
+}
+
+/// (workload, condition) -> per round, the median of its runs' time in
+/// units of their reference work.
+type Times = BTreeMap<(String, String), BTreeMap<usize, Vec<f64>>>;
+
+fn parse_runs(runs: &str) -> Result<Times> {
+    let mut t: Times = BTreeMap::new();
+    for line in runs.lines().filter(|l| l.starts_with("run ")) {
+        let mut w = line.splitn(5, ' ');
+        let (_, round, cond, name, json) = (w.next(), w.next(), w.next(), w.next(), w.next());
+        let (Some(round), Some(cond), Some(name), Some(json)) = (round, cond, name, json) else {
+            bail!("a run line cut short: {line}");
+        };
+        let num = |k: &str| {
+            json.split(&format!("\"{k}\":"))
+                .nth(1)
+                .and_then(|s| s.split([',', '}']).next())
+                .and_then(|s| s.trim().parse::<f64>().ok())
+                .with_context(|| format!("no {k} in {line}"))
+        };
+        t.entry((name.to_string(), cond.to_string()))
+            .or_default()
+            .entry(round.parse()?)
+            .or_default()
+            .push(num("ns")? / num("ref_ns")?);
+    }
+    Ok(t)
+}
+
+fn print_table(kernel: &str, rounds: usize, times: &Times, doctor: &str) {
+    let on = doctor
+        .lines()
+        .filter(|l| l.contains(" trampolines (fexit/"))
+        .count();
+    println!(
+        "shmtrace overhead in QEMU (TCG), Debian's kernel {kernel}: {rounds} interleaved rounds; \
+         time ratio to base per round, median (min-max); 1.00 = no cost. \
+         With --hooks trampolines, {on} needs were on trampolines.\n"
+    );
+    let mut header = String::from("| workload |");
+    let mut rule = String::from("|---|");
+    for (_, label) in CONDS {
+        header.push_str(&format!(" {label} |"));
+        rule.push_str("---|");
+    }
+    println!("{header} verdict |\n{rule}---|");
+    for w in WORKLOADS {
+        let per_round = |cond: &str| -> BTreeMap<usize, f64> {
+            times
+                .get(&(w.name.to_string(), cond.to_string()))
+                .map(|r| r.iter().map(|(k, v)| (*k, median(v))).collect())
+                .unwrap_or_default()
+        };
+        let base = per_round("base");
+        let ratios = |cond: &str| -> Vec<f64> {
+            per_round(cond)
+                .iter()
+                .filter_map(|(r, t)| base.get(r).map(|b| t / b))
+                .collect()
+        };
+        let mut row = format!(
+            "| {} | {:.2} |",
+            w.what,
+            median(&base.values().copied().collect::<Vec<_>>())
+        );
+        for (cond, _) in &CONDS[1..] {
+            row.push_str(&format!(" {} |", spread(&ratios(cond))));
+        }
+        let m = median(&ratios("trampolines"));
+        let (bound, who) = if w.shm {
+            (1.03, "the shm workload")
+        } else {
+            (1.02, "work that never touches tmpfs")
+        };
+        row.push_str(&if m <= bound {
+            format!(" trampolines within x{bound:.2} of nothing attached ({who}) |")
+        } else {
+            format!(" trampolines x{m:.3}: above x{bound:.2} ({who}) |")
+        });
+        println!("{row}");
+    }
+}
