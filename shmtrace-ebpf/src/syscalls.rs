@@ -21,7 +21,7 @@ use crate::{
 };
 
 const MAP_ANONYMOUS: u64 = 0x20;
-const O_CREAT: u64 = 0o100;
+pub(crate) const O_CREAT: u64 = 0o100;
 
 // Classic per-syscall exit tracepoints, attached (by the loader) to the
 // syscalls that matter only: read, futex, epoll and the rest never run a

@@ -15,7 +15,7 @@
 use aya_ebpf::{macros::fexit, programs::FExitContext};
 
 use crate::{
-    syscalls::{self, fam},
+    syscalls::{self, O_CREAT, fam},
     sysexit::{BtfRegs, Regs, StackRegs},
     unlink,
 };
@@ -73,10 +73,17 @@ pub fn fx_fallocate_stack(ctx: FExitContext) -> u32 {
 }
 
 /// do_sys_openat2(dfd, filename, how): every open(2), openat(2),
-/// openat2(2) and creat(2); failures, and tmpfs files created.
+/// openat2(2) and creat(2); failures, and tmpfs files created. An open
+/// that succeeded without O_CREAT (the everyday case) stops at the flags
+/// of its own `how`, one read, before the registers are looked at.
 #[inline(always)]
 fn opens<R: Regs>(ctx: &FExitContext) -> u32 {
     let ret = ret::<3>(ctx);
+    if ret >= 0
+        && crate::kernel::read::<u64>(ctx.arg::<u64>(2), 0).is_some_and(|f| f & O_CREAT == 0)
+    {
+        return 0;
+    }
     let Some((regs, nr)) = R::current_any() else {
         return 0;
     };
