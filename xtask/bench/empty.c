@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,6 +43,9 @@ int main(int argc, char **argv) {
         {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = 0},
         {.code = BPF_JMP | BPF_EXIT},
     };
+    /* Before 5.11 programs are charged to RLIMIT_MEMLOCK (64 KiB by default). */
+    struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+    setrlimit(RLIMIT_MEMLOCK, &unlimited);
     union bpf_attr load;
     memset(&load, 0, sizeof load);
     load.prog_type = BPF_PROG_TYPE_TRACEPOINT;

@@ -50,7 +50,11 @@ wait_for() {
         usleep 500000
         i=$((i + 1))
     done
-    grep -q "$2" "$1" || { echo "error $cond: no '$2' in $1: $(cat "$1")" > $out; }
+    # A condition that cannot start makes every later number meaningless.
+    grep -q "$2" "$1" || {
+        echo "error $cond: no '$2' in $1: $(cat "$1")" > $out
+        poweroff -f
+    }
 }
 start() {
     rm -f /tmp/cond.log
