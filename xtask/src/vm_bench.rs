@@ -7,8 +7,8 @@
 //! and rounds rotate the conditions (xtask/bench/vm-init.sh).
 
 use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
     time::Duration,
 };
 
@@ -116,15 +116,14 @@ pub fn run(root: &Path, series: &str, rounds: usize) -> Result<()> {
     let tree = guest::Initramfs::new(&dir)?;
     tree.put_dynamic(&shmtrace, "/bin/shmtrace")?;
     let bench = root.join("xtask/bench");
-    let mut built: BTreeMap<&str, PathBuf> = BTreeMap::new();
+    let mut built: BTreeSet<&str> = BTreeSet::new();
     for src in WORKLOADS.iter().map(|w| w.source).chain(["empty.c"]) {
-        if built.contains_key(src) {
+        if !built.insert(src) {
             continue;
         }
         let name = src.trim_end_matches(".c");
         let exe = guest::static_build(&bench.join(src), &dir.join(name))?;
         tree.put(&exe, &format!("/work/{name}"))?;
-        built.insert(src, exe);
     }
     let list: String = WORKLOADS
         .iter()

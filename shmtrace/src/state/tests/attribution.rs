@@ -115,8 +115,7 @@ fn holders_gone_before_the_first_failure_is_read_are_measured_by_name() {
     // the failure is applied: /proc has neither, the name is there.
     host.file(SHM, 300, 48 * MIB as i64, 48 * MIB, 1);
     host.names.insert((SHM, "ballast".into()), 300);
-    let mut w = file(301, "w2", 32 * MIB as i64, 0, (48 * MIB) / 4096);
-    w.allocated = 0;
+    let w = file(301, "w2", 32 * MIB as i64, 0, (48 * MIB) / 4096);
     st.apply(
         &enospc(s.h(21, 1), Syscall::Fallocate, 4, 32 * MIB, w),
         &mut host,
