@@ -15,6 +15,7 @@ pub const NAME_LEN: usize = 64;
 pub const PATH_LEN: usize = 128;
 
 pub const SIGBUS: u32 = 7;
+pub const EPERM: i64 = 1;
 pub const ENOENT: i64 = 2;
 pub const ENOMEM: i64 = 12;
 pub const EFBIG: i64 = 27;
@@ -284,7 +285,7 @@ const _: () = {
     assert!(offset_of!(Event, path) == 296);
     assert!(size_of::<Event>().is_multiple_of(8));
     // Globals handed in by user space: u32 fields only, no padding.
-    assert!(size_of::<KernelOffsets>() == 65 * 4);
+    assert!(size_of::<KernelOffsets>() == 66 * 4);
     assert!(size_of::<SyscallNrs>() == 19 * 4);
     assert!(size_of::<Config>() == 8);
     assert!(size_of::<Budget>() == 24);
@@ -313,6 +314,8 @@ pub struct KernelOffsets {
     /// dentry.d_name.name
     pub dentry_name: u32,
     pub dentry_parent: u32,
+    /// dentry.d_inode (a create's new inode, in the trampoline backend)
+    pub dentry_inode: u32,
     pub inode_sb: u32,
     pub inode_ino: u32,
     pub inode_size: u32,

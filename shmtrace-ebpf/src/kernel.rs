@@ -27,6 +27,7 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     file_dentry: M,
     dentry_name: M,
     dentry_parent: M,
+    dentry_inode: M,
     inode_sb: M,
     inode_ino: M,
     inode_size: M,
@@ -342,6 +343,42 @@ pub fn sb_dev(sb: u64) -> u32 {
 /// Fills `info` from a tmpfs `file` and its `inode`.
 #[inline(always)]
 pub fn fill_file_info(info: &mut FileInfo, file: u64, inode: u64) {
+    fill_dentry_info(info, read_ptr(file, off!(file_dentry)), inode);
+}
+
+/// Whether `inode` (of a directory or a file) is on tmpfs/shmem.
+#[inline(always)]
+pub fn is_tmpfs_inode(inode: u64) -> bool {
+    let sb = read_ptr(inode, off!(inode_sb));
+    read::<u64>(sb, off!(sb_magic)) == Some(TMPFS_MAGIC)
+}
+
+/// Whether a mapping of `len` bytes more would take the current process
+/// past its RLIMIT_AS: the test mmap_region makes (may_expand_vm) after
+/// the address is chosen, made here where only the address is known.
+#[inline(always)]
+pub fn exceeds_address_space(len: u64) -> bool {
+    const RLIMIT_AS: u32 = 9;
+    const PAGE_SHIFT: u64 = 12;
+    let task = current_task();
+    let base = off!(signal_rlim);
+    if base == M {
+        return false;
+    }
+    let cur =
+        read::<u64>(read_ptr(task, off!(task_signal)), base + RLIMIT_AS * 16).unwrap_or(u64::MAX);
+    if cur == u64::MAX {
+        return false; // RLIM_INFINITY
+    }
+    let Some(total) = read::<u64>(read_ptr(task, off!(task_mm)), off!(mm_total_vm)) else {
+        return false;
+    };
+    total + (len >> PAGE_SHIFT) > cur >> PAGE_SHIFT
+}
+
+/// Fills `info` from a tmpfs `dentry` and its `inode`.
+#[inline(always)]
+pub fn fill_dentry_info(info: &mut FileInfo, dentry: u64, inode: u64) {
     let sb = read_ptr(inode, off!(inode_sb));
     info.valid = 1;
     fill_fs_info(info, sb);
@@ -350,7 +387,6 @@ pub fn fill_file_info(info: &mut FileInfo, file: u64, inode: u64) {
     info.blocks = read::<u64>(inode, off!(inode_blocks)).unwrap_or(0);
     info.nlink = read::<u32>(inode, off!(inode_nlink)).unwrap_or(0);
 
-    let dentry = read_ptr(file, off!(file_dentry));
     let parent = read_ptr(dentry, off!(dentry_parent));
     read_name(dentry, &mut info.name);
     if parent == 0 || parent == dentry {

@@ -192,18 +192,7 @@ pub(crate) fn on_recvmsg<R: Regs>(regs: R) {
 pub(crate) fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
     // Only creations: files opened without O_CREAT (a consumer opening a
     // named segment) show up when mapped, and the fd rescan finds them.
-    let flags = if nr == nr!(openat) {
-        regs.arg(2)
-    } else if nr == nr!(open) {
-        regs.arg(1)
-    } else if nr == nr!(creat) {
-        O_CREAT
-    } else {
-        // openat2(dirfd, path, struct open_how *how, size): how->flags first.
-        // SAFETY: a user pointer read with the checked helper.
-        unsafe { bpf_probe_read_user(regs.arg(2) as *const u64) }.unwrap_or(0)
-    };
-    if flags & O_CREAT == 0 {
+    if open_flags(regs, nr) & O_CREAT == 0 {
         return;
     }
     let tgid = tgid();
@@ -226,6 +215,48 @@ pub(crate) fn on_open<R: Regs>(regs: R, nr: u32, fd: i64) {
     }
     kernel::fill_file_info(&mut ev.file, file, inode);
     emit::submit_tmpfs(e);
+}
+
+/// A tmpfs file created at `dentry` (the trampoline backend's create
+/// hook), before the open that created it has an fd: reported with fd -1,
+/// and user space lists the creator's fds on its next tick.
+#[inline(always)]
+pub(crate) fn on_created<R: Regs>(regs: R, nr: u32, dentry: u64) {
+    let tgid = tgid();
+    if !emit::is_traced(tgid) {
+        return;
+    }
+    let inode = kernel::read_ptr(dentry, off!(dentry_inode));
+    if inode == 0 || !kernel::is_tmpfs_inode(inode) {
+        return;
+    }
+    let Some(mut e) = emit::start(Ring::Events, EventKind::Open) else {
+        return;
+    };
+    let ev = emit::body(&mut e);
+    ev.syscall = nr;
+    ev.ret = -1;
+    for i in 0..4 {
+        ev.args[i] = regs.arg(i);
+    }
+    kernel::fill_dentry_info(&mut ev.file, dentry, inode);
+    emit::submit_tmpfs(e);
+}
+
+/// The open flags of open syscall `nr` (O_CREAT for creat).
+#[inline(always)]
+pub(crate) fn open_flags<R: Regs>(regs: R, nr: u32) -> u64 {
+    if nr == nr!(openat) {
+        regs.arg(2)
+    } else if nr == nr!(open) {
+        regs.arg(1)
+    } else if nr == nr!(creat) {
+        O_CREAT
+    } else {
+        // openat2(dirfd, path, struct open_how *how, size): how->flags first.
+        // SAFETY: a user pointer read with the checked helper.
+        unsafe { bpf_probe_read_user(regs.arg(2) as *const u64) }.unwrap_or(0)
+    }
 }
 
 /// Which syscalls a program is attached to. `ANY` tells them apart at run
@@ -377,11 +408,17 @@ pub(crate) fn on_mmap<R: Regs>(regs: R, addr: i64) {
     if flags & MAP_ANONYMOUS != 0 {
         return;
     }
+    on_mmap_file(regs, kernel::fd_file(regs.arg(4)), addr);
+}
+
+/// A mapping of `file` at `addr` (made, or about to be: see the trampoline
+/// backend's `mmap`): tmpfs files only.
+#[inline(always)]
+pub(crate) fn on_mmap_file<R: Regs>(regs: R, file: u64, addr: i64) {
     let tgid = tgid();
     if !emit::is_traced(tgid) {
         return;
     }
-    let file = kernel::fd_file(regs.arg(4));
     let inode = kernel::tmpfs_inode(file);
     if inode == 0 {
         return;

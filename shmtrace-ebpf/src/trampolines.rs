@@ -4,9 +4,9 @@
 //! the task's saved registers. A syscall tracepoint puts every syscall of
 //! every process on the kernel's slow path; a trampoline runs only when its
 //! function does: tmpfs's own (shmem_fallocate, shmem_unlink, the write
-//! path's write_iter) cost nothing to a process that never touches tmpfs,
-//! and the few every process calls (do_sys_openat2, vm_mmap_pgoff) pay a
-//! direct call and a return-value test. The loader picks, per need, these
+//! path's write_iter, its create, lookup and mmap placement) cost nothing
+//! to a process that never touches tmpfs; ftruncate and mremap, which few
+//! processes call, pay a direct call and a test. The loader picks, per need, these
 //! or the tracepoint programs (capture/hooks.rs). An fexit program reads
 //! the function's return value as the argument after its last one, so each
 //! is written for its function's parameter count, which the loader checks
@@ -14,7 +14,10 @@
 
 use aya_ebpf::{macros::fexit, programs::FExitContext};
 
+use shmtrace_common::{ENOENT, ENOMEM, EPERM};
+
 use crate::{
+    kernel::nr,
     syscalls::{self, O_CREAT, fam},
     sysexit::{BtfRegs, Regs, StackRegs},
     unlink,
@@ -72,58 +75,113 @@ pub fn fx_fallocate_stack(ctx: FExitContext) -> u32 {
     fallocate::<StackRegs>(&ctx)
 }
 
-/// do_sys_openat2(dfd, filename, how): every open(2), openat(2),
-/// openat2(2) and creat(2); failures, and tmpfs files created. An open
-/// that succeeded without O_CREAT (the everyday case) stops at the flags
-/// of its own `how`, one read, before the registers are looked at.
+/// shmem_create(idmap, dir, dentry, mode, excl) (5.12+; 4 parameters
+/// before, without the idmap): an open with O_CREAT that makes a tmpfs
+/// file, and its ENOSPC at the mount's inode limit. Runs only when tmpfs
+/// creates a file; the open's fd does not exist yet (see `on_created`).
 #[inline(always)]
-fn opens<R: Regs>(ctx: &FExitContext) -> u32 {
-    let ret = ret::<3>(ctx);
-    if ret >= 0
-        && crate::kernel::read::<u64>(ctx.arg::<u64>(2), 0).is_some_and(|f| f & O_CREAT == 0)
-    {
-        return 0;
-    }
+fn create<R: Regs, const N: usize>(ctx: &FExitContext) -> u32 {
+    // An int: the upper half of the saved return register is not its sign.
+    let ret = ret::<N>(ctx) as i32 as i64;
     let Some((regs, nr)) = R::current_any() else {
         return 0;
     };
+    if !is_open(nr) {
+        return 0; // a kernel user (devtmpfs, a filesystem's helper)
+    }
     if ret < 0 {
         syscalls::on_failure::<R, { fam::OPENS }>(regs, nr, ret);
     } else {
-        syscalls::on_open(regs, nr, ret);
+        syscalls::on_created(regs, nr, ctx.arg::<u64>(N - 3));
     }
     0
 }
 
-#[fexit]
-pub fn fx_opens(ctx: FExitContext) -> u32 {
-    opens::<BtfRegs>(&ctx)
-}
-
-#[fexit]
-pub fn fx_opens_stack(ctx: FExitContext) -> u32 {
-    opens::<StackRegs>(&ctx)
-}
-
-/// vm_mmap_pgoff(file, addr, len, prot, flag, pgoff): every mmap(2); the
-/// anonymous ones that succeed (the everyday case) stop at the first test.
 #[inline(always)]
-fn mmap<R: Regs>(ctx: &FExitContext) -> u32 {
-    let ret = ret::<6>(ctx);
-    let file = ctx.arg::<u64>(0);
-    if file == 0 && ret >= 0 {
+fn is_open(nr: u32) -> bool {
+    nr == nr!(openat) || nr == nr!(open) || nr == nr!(openat2) || nr == nr!(creat)
+}
+
+#[fexit]
+pub fn fx_create(ctx: FExitContext) -> u32 {
+    create::<BtfRegs, 5>(&ctx)
+}
+
+#[fexit]
+pub fn fx_create_stack(ctx: FExitContext) -> u32 {
+    create::<StackRegs, 4>(&ctx)
+}
+
+#[fexit]
+pub fn fx_create_stack5(ctx: FExitContext) -> u32 {
+    create::<StackRegs, 5>(&ctx)
+}
+
+/// simple_lookup(dir, dentry, flags), tmpfs's lookup (shared with ramfs
+/// and a few pseudo filesystems): called only for a name the dcache does
+/// not have, which on tmpfs means a name that does not exist (tmpfs keeps
+/// every file's dentry). An open without O_CREAT that gets here fails with
+/// ENOENT: the segment a consumer looks for is gone.
+#[inline(always)]
+fn lookup<R: Regs>(ctx: &FExitContext) -> u32 {
+    if !crate::kernel::is_tmpfs_inode(ctx.arg::<u64>(0)) {
         return 0;
     }
     let Some((regs, nr)) = R::current_any() else {
         return 0;
     };
-    if nr != crate::kernel::nr!(mmap) {
-        return 0; // shmat, a driver's own mapping: not mmap(2)
+    if !is_open(nr) || syscalls::open_flags(regs, nr) & O_CREAT != 0 {
+        return 0;
     }
-    if ret < 0 {
+    syscalls::on_failure::<R, { fam::OPENS }>(regs, nr, -ENOENT);
+    0
+}
+
+#[fexit]
+pub fn fx_lookup(ctx: FExitContext) -> u32 {
+    lookup::<BtfRegs>(&ctx)
+}
+
+#[fexit]
+pub fn fx_lookup_stack(ctx: FExitContext) -> u32 {
+    lookup::<StackRegs>(&ctx)
+}
+
+/// shmem_get_unmapped_area(file, addr, len, pgoff, flags): where an mmap of
+/// a tmpfs file (or a MAP_SHARED anonymous one, file NULL) goes, chosen
+/// before the mapping is made; anonymous private mmaps never call it. Its
+/// own errors are the mmap's; the two limits do_mmap and mmap_region test
+/// after it (RLIMIT_AS, PROT_EXEC on a noexec mount) are tested here the
+/// same way, and a mapping that passes them is reported at the address
+/// chosen (user space checks each tracked mapping against /proc, so one
+/// that failed later still goes).
+#[inline(always)]
+fn mmap<R: Regs>(ctx: &FExitContext) -> u32 {
+    const MAP_FIXED: u64 = 0x10;
+    const PROT_EXEC: u64 = 4;
+    const MNT_NOEXEC: u32 = 4;
+    let file = ctx.arg::<u64>(0);
+    if file == 0 {
+        return 0;
+    }
+    let Some((regs, nr)) = R::current_any() else {
+        return 0;
+    };
+    if nr != nr!(mmap) {
+        return 0; // shmat, mremap: not mmap(2)
+    }
+    let ret = ret::<5>(ctx);
+    let (len, flags) = (ctx.arg::<u64>(2), ctx.arg::<u64>(4));
+    if (-4095..0).contains(&ret) {
         syscalls::on_failure::<R, { fam::MMAP }>(regs, nr, ret);
+    } else if flags & MAP_FIXED == 0 && crate::kernel::exceeds_address_space(len) {
+        // (A MAP_FIXED mapping replaces what it overlaps: not predicted.)
+        syscalls::on_failure::<R, { fam::MMAP }>(regs, nr, -ENOMEM);
+    } else if regs.arg(2) & PROT_EXEC != 0 && crate::kernel::file_mnt_flags(file) & MNT_NOEXEC != 0
+    {
+        syscalls::on_failure::<R, { fam::MMAP }>(regs, nr, -EPERM);
     } else {
-        syscalls::on_mmap(regs, ret);
+        syscalls::on_mmap_file(regs, file, ret);
     }
     0
 }
@@ -171,7 +229,7 @@ fn ftruncate<R: Regs>(ctx: &FExitContext) -> u32 {
     let Some((regs, nr)) = R::current_any() else {
         return 0;
     };
-    if nr != crate::kernel::nr!(ftruncate) {
+    if nr != nr!(ftruncate) {
         return 0;
     }
     if ret < 0 {
@@ -215,11 +273,11 @@ pub fn fx_recv_stack(_ctx: FExitContext) -> u32 {
 /// shmem_unlink(dir, dentry): removals on tmpfs only.
 #[inline(always)]
 fn unlinks<R: Regs>(ctx: &FExitContext) -> u32 {
-    if ret::<2>(ctx) != 0 {
+    if ret::<2>(ctx) as i32 != 0 {
         return 0;
     }
     if let Some((regs, nr)) = R::current_any()
-        && (nr == crate::kernel::nr!(unlink) || nr == crate::kernel::nr!(unlinkat))
+        && (nr == nr!(unlink) || nr == nr!(unlinkat))
     {
         unlink::on_unlink(regs, nr);
     }

@@ -348,7 +348,9 @@ pub enum Event {
     Opened {
         h: Header,
         syscall: Syscall,
-        fd: i32,
+        /// None where the hook ran before the open had an fd (the
+        /// trampoline backend's create hook): the fd rescan finds it.
+        fd: Option<i32>,
         flags: u64,
         file: FileRef,
     },
@@ -593,7 +595,7 @@ mod tests {
         let opened = Event::Opened {
             h: h.clone(),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: 0,
             file: file.clone(),
         };

@@ -227,7 +227,7 @@ fn oom_and_cuda() -> State {
             Event::Opened {
                 h: s.h(pid, 50),
                 syscall: Syscall::Openat,
-                fd: 3,
+                fd: Some(3),
                 flags: libc::O_CREAT as u64,
                 file: file(ino, name, 0, 0, 0),
             },

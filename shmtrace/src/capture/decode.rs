@@ -176,7 +176,7 @@ impl Decoder {
                 Event::Opened {
                     h,
                     syscall,
-                    fd: ev.ret as i32,
+                    fd: (ev.ret >= 0).then_some(ev.ret as i32),
                     flags,
                     file: file_ref(&ev.file).ok_or(DecodeError::NoFile)?,
                 }

@@ -283,80 +283,152 @@ pub fn backend() -> Backend {
     BACKEND.get().copied().unwrap_or_default()
 }
 
-/// One need of the capture a trampoline can meet: the fexit program (built
-/// twice, see [`Args`]), the kernel functions it may attach to, in order of
-/// preference, each with the parameter count the program is written for,
-/// and the syscall tracepoints it stands in for.
-pub struct Trampoline {
-    pub need: &'static str,
+/// One fexit program for one kernel function: the function, the parameter
+/// count the program is written for (its return value is the argument
+/// after the last), and the program in its two builds (see [`Args`]).
+pub struct Fexit {
+    pub function: &'static str,
+    pub params: u32,
     pub prog: &'static str,
     pub stack_prog: &'static str,
-    pub functions: &'static [(&'static str, u32)],
+}
+
+const fn fx(
+    function: &'static str,
+    params: u32,
+    prog: &'static str,
+    stack_prog: &'static str,
+) -> Fexit {
+    Fexit {
+        function,
+        params,
+        prog,
+        stack_prog,
+    }
+}
+
+/// One need of the capture a trampoline can meet: the functions that may
+/// carry it, in order of preference, and the syscall tracepoints it stands
+/// in for. A need with no function is one no tmpfs code sees: only the
+/// tracepoints catch it, and `auto` does not attach them for it alone.
+pub struct Trampoline {
+    pub need: &'static str,
+    pub functions: &'static [Fexit],
     pub replaces: &'static [&'static str],
+    /// For a need with no function: why none can carry it.
+    pub blind: &'static str,
 }
 
 /// Every syscall tracepoint's need, as a trampoline (see
 /// shmtrace-ebpf/src/trampolines.rs and ../shared/reference/trampolines.md).
+/// Only tmpfs's own functions (and tmpfs's lookup of a missing name): a
+/// process that never touches tmpfs runs none of these programs, except
+/// ftruncate and mremap, which few processes call.
 pub const TRAMPOLINES: &[Trampoline] = &[
     Trampoline {
         need: "write ENOSPC",
-        prog: "fx_writes",
-        stack_prog: "fx_writes_stack",
         // tmpfs's own write_iter since 6.12; the generic one before (which
         // few other filesystems use).
-        functions: &[("shmem_file_write_iter", 2), ("generic_file_write_iter", 2)],
+        functions: &[
+            fx("shmem_file_write_iter", 2, "fx_writes", "fx_writes_stack"),
+            fx("generic_file_write_iter", 2, "fx_writes", "fx_writes_stack"),
+        ],
         replaces: WRITE_ITER_EXITS,
+        blind: "",
     },
     Trampoline {
         need: "fallocate ENOSPC",
-        prog: "fx_fallocate",
-        stack_prog: "fx_fallocate_stack",
-        functions: &[("shmem_fallocate", 4)],
+        functions: &[fx(
+            "shmem_fallocate",
+            4,
+            "fx_fallocate",
+            "fx_fallocate_stack",
+        )],
         replaces: &["sys_exit_fallocate"],
+        blind: "",
     },
     Trampoline {
-        need: "open (failures, inode limit, tmpfs files created)",
-        prog: "fx_opens",
-        stack_prog: "fx_opens_stack",
-        functions: &[("do_sys_openat2", 3)],
+        need: "create (inode limit, tmpfs files created)",
+        // 5.12 put the idmap (user namespace) first.
+        functions: &[
+            fx("shmem_create", 5, "fx_create", "fx_create_stack5"),
+            fx("shmem_create", 4, "fx_create_stack", "fx_create_stack"),
+        ],
         replaces: OPEN_EXITS,
+        blind: "",
     },
     Trampoline {
-        need: "mmap (errors, tmpfs files mapped)",
-        prog: "fx_mmap",
-        stack_prog: "fx_mmap_stack",
-        functions: &[("vm_mmap_pgoff", 6)],
+        need: "open of a /dev/shm name that is gone (ENOENT)",
+        functions: &[fx("simple_lookup", 3, "fx_lookup", "fx_lookup_stack")],
+        replaces: OPEN_EXITS,
+        blind: "",
+    },
+    Trampoline {
+        need: "open at the fd limit (EMFILE, ENFILE)",
+        functions: &[],
+        replaces: OPEN_EXITS,
+        blind: "the fd limit is hit before the path is looked up: no tmpfs code runs",
+    },
+    Trampoline {
+        need: "mmap (tmpfs files mapped, RLIMIT_AS, noexec, placement errors)",
+        functions: &[fx("shmem_get_unmapped_area", 5, "fx_mmap", "fx_mmap_stack")],
         replaces: &["sys_exit_mmap"],
+        blind: "",
+    },
+    Trampoline {
+        need: "mmap at vm.max_map_count",
+        functions: &[],
+        replaces: &["sys_exit_mmap"],
+        blind: "the mapping count is tested before any tmpfs code runs",
     },
     Trampoline {
         need: "mremap",
-        prog: "fx_mremap",
-        stack_prog: "fx_mremap_stack",
-        functions: &[("__x64_sys_mremap", 1)],
+        functions: &[fx("__x64_sys_mremap", 1, "fx_mremap", "fx_mremap_stack")],
         replaces: &["sys_exit_mremap"],
+        blind: "",
     },
     Trampoline {
         need: "ftruncate (sizes)",
-        prog: "fx_ftruncate",
-        stack_prog: "fx_ftruncate_stack",
-        functions: &[("do_sys_ftruncate", 3)],
+        functions: &[fx(
+            "do_sys_ftruncate",
+            3,
+            "fx_ftruncate",
+            "fx_ftruncate_stack",
+        )],
         replaces: &["sys_exit_ftruncate"],
+        blind: "",
     },
     Trampoline {
         need: "fds received over sockets",
-        prog: "fx_recv",
-        stack_prog: "fx_recv_stack",
-        functions: &[("scm_detach_fds", 2)],
+        functions: &[fx("scm_detach_fds", 2, "fx_recv", "fx_recv_stack")],
         replaces: &["sys_exit_recvmsg"],
+        blind: "",
     },
     Trampoline {
         need: "unlink",
-        prog: "fx_unlink",
-        stack_prog: "fx_unlink_stack",
-        functions: &[("shmem_unlink", 2)],
+        functions: &[fx("shmem_unlink", 2, "fx_unlink", "fx_unlink_stack")],
         replaces: &["sys_exit_unlink", "sys_exit_unlinkat"],
+        blind: "",
     },
 ];
+
+/// The syscall tracepoints no longer needed when the needs in `met` are
+/// carried by trampolines: those every need that lists them is met for,
+/// or is blind to trampolines (a blind need alone attaches nothing).
+pub fn covered<'a>(met: impl Fn(&str) -> bool + 'a) -> std::collections::BTreeSet<&'static str> {
+    let mut all: std::collections::BTreeSet<&'static str> = TRAMPOLINES
+        .iter()
+        .flat_map(|t| t.replaces.iter().copied())
+        .collect();
+    for t in TRAMPOLINES {
+        if !t.functions.is_empty() && !met(t.need) {
+            for n in t.replaces {
+                all.remove(n);
+            }
+        }
+    }
+    all
+}
 
 /// How one need is met: by which backend and hook, and why not the other.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -520,15 +592,13 @@ mod tests {
     }
 
     #[test]
-    fn trampolines_stand_in_for_every_syscall_tracepoint_once() {
+    fn trampolines_stand_in_for_every_syscall_tracepoint() {
         let mut replaced: Vec<&str> = TRAMPOLINES
             .iter()
             .flat_map(|t| t.replaces.iter().copied())
             .collect();
-        let n = replaced.len();
         replaced.sort();
         replaced.dedup();
-        assert_eq!(replaced.len(), n, "a tracepoint replaced twice");
         let mut syscalls: Vec<&str> = HOOKS
             .iter()
             .filter(|h| h.args == Args::Btf)
@@ -539,10 +609,26 @@ mod tests {
             replaced, syscalls,
             "with every need met, no syscall tracepoint is left"
         );
+        assert_eq!(covered(|_| true).into_iter().collect::<Vec<_>>(), syscalls);
         for t in TRAMPOLINES {
             // x86_64 trampolines take at most 6 arguments before 6.6.
-            assert!(t.functions.iter().all(|&(_, n)| n <= 6), "{}", t.need);
+            assert!(t.functions.iter().all(|f| f.params <= 6), "{}", t.need);
+            assert_eq!(t.functions.is_empty(), !t.blind.is_empty(), "{}", t.need);
         }
+    }
+
+    #[test]
+    fn a_need_left_to_tracepoints_keeps_every_tracepoint_it_shares() {
+        // The create need fell back: the open exits stay, whatever the
+        // lookup need did; the mmap exit goes.
+        let c = covered(|n| !n.starts_with("create"));
+        for n in OPEN_EXITS {
+            assert!(!c.contains(n), "{n}");
+        }
+        assert!(c.contains("sys_exit_mmap"));
+        assert!(c.contains("sys_exit_fallocate"));
+        // Nothing met: nothing covered, blind needs included.
+        assert!(covered(|_| false).is_empty());
     }
 
     #[test]

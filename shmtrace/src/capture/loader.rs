@@ -140,15 +140,13 @@ impl Tracer {
 
         let mut hooks = Vec::new();
         let needs = trampolines(&mut ebpf, &btf, &kernel, &want, &mut hooks)?;
-        let covered: std::collections::BTreeSet<&str> = needs
+        let on_trampolines: Vec<&str> = needs
             .iter()
             .filter(|n| n.backend == "trampolines")
-            .filter_map(|n| TRAMPOLINES.iter().find(|t| t.need == n.need))
-            .flat_map(|t| t.replaces.iter().copied())
+            .map(|n| n.need)
             .collect();
-        if let Some(note) = needs_note(&needs) {
-            notes.push(note);
-        }
+        let covered = super::hooks::covered(|n| on_trampolines.contains(&n));
+        notes.extend(needs_notes(&needs));
         // Some verifiers (6.1's) give up on the one program that serves
         // every syscall exit (its 1M-instruction budget): the per-family
         // programs made for kernels before 5.15 pass them and read the same
@@ -484,39 +482,57 @@ fn trampolines(
     // A kernel that refuses fexit outright (EPERM, as this project's CI
     // machine's does) refuses every one: asked once.
     let mut refused: Option<String> = None;
-    for t in TRAMPOLINES {
-        if !want(t.prog) {
+    for t in TRAMPOLINES.iter().filter(|t| !t.functions.is_empty()) {
+        let progs = |f: &super::hooks::Fexit| {
+            if kernel.task_pt_regs {
+                f.prog
+            } else {
+                f.stack_prog
+            }
+        };
+        if !t.functions.iter().any(|f| want(progs(f))) {
             continue;
         }
-        let prog = if kernel.task_pt_regs {
-            t.prog
-        } else {
-            t.stack_prog
-        };
         let mut why = Vec::new();
         let mut met = None;
-        for &(f, params) in t.functions {
+        for f in t.functions {
             if let Some(r) = &refused {
                 if !why.contains(r) {
                     why.push(r.clone());
                 }
                 break;
             }
-            match btf.function_params(f) {
-                None => why.push(format!(
-                    "{f} is not in this kernel's BTF (renamed or inlined)"
-                )),
-                Some(n) if n != params => why.push(format!(
-                    "{f} takes {n} parameters on this kernel, the program is written for {params}"
-                )),
+            let name = f.function;
+            match btf.function_params(name) {
+                None => {
+                    why.push(format!(
+                        "{name} is not in this kernel's BTF (renamed or inlined)"
+                    ));
+                    // The same function with another parameter count: said once.
+                    break;
+                }
+                // Another entry may be written for this count.
+                Some(n) if n != f.params => {
+                    if !t
+                        .functions
+                        .iter()
+                        .any(|g| g.function == name && g.params == n)
+                    {
+                        why.push(format!(
+                            "{name} takes {n} parameters on this kernel, the program is \
+                             written for {}",
+                            f.params
+                        ));
+                    }
+                }
                 Some(_) => {
                     let res = aya_btf
                         .as_ref()
                         .map_err(|e| anyhow!("{e}"))
-                        .and_then(|b| attach_fexit(ebpf, prog, f, b));
+                        .and_then(|b| attach_fexit(ebpf, progs(f), name, b));
                     match res {
                         Ok(()) => {
-                            met = Some(f);
+                            met = Some(name);
                             break;
                         }
                         Err(e) => {
@@ -530,7 +546,7 @@ fn trampolines(
                             } else {
                                 // The verifier's log is for doctor, not one line.
                                 let first = e.lines().next().unwrap_or_default();
-                                why.push(format!("the kernel refused fexit/{f}: {first}"));
+                                why.push(format!("the kernel refused fexit/{name}: {first}"));
                             }
                         }
                     }
@@ -553,6 +569,29 @@ fn trampolines(
             None => out.push(tracepoints(t, Some(why.join("; ")))),
         }
     }
+    // What no tmpfs code sees: caught where the tracepoints it needs are
+    // attached for another need anyway, else not at all.
+    let on_trampolines: Vec<&str> = out
+        .iter()
+        .filter(|n| n.backend == "trampolines")
+        .map(|n| n.need)
+        .collect();
+    let covered = super::hooks::covered(|n| on_trampolines.contains(&n));
+    for t in TRAMPOLINES.iter().filter(|t| t.functions.is_empty()) {
+        if t.replaces.iter().all(|n| !covered.contains(n)) {
+            out.push(tracepoints(t, None));
+        } else {
+            out.push(NeedChoice {
+                need: t.need,
+                backend: "none",
+                hook: "-".to_string(),
+                fell_back: Some(format!(
+                    "{}; --hooks tracepoints sees it, at the cost of every syscall's slow path",
+                    t.blind
+                )),
+            });
+        }
+    }
     Ok(out)
 }
 
@@ -564,33 +603,49 @@ fn bail_need(need: &str, why: &[String]) -> Result<()> {
     ))
 }
 
-/// One note for a start where trampolines carry some needs but not all, or
-/// none on a kernel that refuses them.
-fn needs_note(needs: &[NeedChoice]) -> Option<String> {
-    let fell: Vec<&NeedChoice> = needs.iter().filter(|n| n.fell_back.is_some()).collect();
-    if fell.is_empty() {
-        return None;
+/// The notes of a start where trampolines carry some needs but not all, or
+/// none on a kernel that refuses them; and of what trampolines leave unseen.
+fn needs_notes(needs: &[NeedChoice]) -> Vec<String> {
+    let mut notes = Vec::new();
+    let fell: Vec<&NeedChoice> = needs
+        .iter()
+        .filter(|n| n.backend == "tracepoints" && n.fell_back.is_some())
+        .collect();
+    if !fell.is_empty() {
+        let on = needs.iter().filter(|n| n.backend == "trampolines").count();
+        let mut reasons: Vec<&str> = fell.iter().filter_map(|n| n.fell_back.as_deref()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        let carried = if on == 0 {
+            format!("all {} needs", needs.len())
+        } else {
+            let names: Vec<&str> = fell.iter().map(|n| n.need).collect();
+            format!(
+                "{} of {} needs ({})",
+                fell.len(),
+                needs.len(),
+                names.join(", ")
+            )
+        };
+        notes.push(format!(
+            "hooks: syscall tracepoints carry {carried}, as {}: every syscall on the node takes \
+             the kernel's slower path while they are attached (shmtrace doctor lists each need)",
+            reasons.join("; ")
+        ));
     }
-    let on = needs.iter().filter(|n| n.backend == "trampolines").count();
-    let mut reasons: Vec<&str> = fell.iter().filter_map(|n| n.fell_back.as_deref()).collect();
-    reasons.sort_unstable();
-    reasons.dedup();
-    let carried = if on == 0 {
-        format!("all {} needs", needs.len())
-    } else {
-        let names: Vec<&str> = fell.iter().map(|n| n.need).collect();
-        format!(
-            "{} of {} needs ({})",
-            fell.len(),
-            needs.len(),
-            names.join(", ")
-        )
-    };
-    Some(format!(
-        "hooks: syscall tracepoints carry {carried}, as {}: every syscall on the node takes \
-         the kernel's slower path while they are attached (shmtrace doctor lists each need)",
-        reasons.join("; ")
-    ))
+    let blind: Vec<&str> = needs
+        .iter()
+        .filter(|n| n.backend == "none")
+        .map(|n| n.need)
+        .collect();
+    if !blind.is_empty() {
+        notes.push(format!(
+            "hooks: trampolines carry every need but {}, which no tmpfs code sees (--hooks \
+             tracepoints catches them, at the cost of every syscall's slow path)",
+            blind.join(" and ")
+        ));
+    }
+    notes
 }
 
 /// Registers a ring buffer with tokio for readiness.

@@ -51,6 +51,7 @@ pub fn kernel_offsets(btf: &Btf, tracefs: &Path) -> Result<(KernelOffsets, Vec<S
         file_dentry: get("file", "f_path.dentry", false),
         dentry_name: get("dentry", "d_name.name", false),
         dentry_parent: get("dentry", "d_parent", false),
+        dentry_inode: get("dentry", "d_inode", false),
         inode_sb: get("inode", "i_sb", true),
         inode_ino: get("inode", "i_ino", true),
         inode_size: get("inode", "i_size", true),

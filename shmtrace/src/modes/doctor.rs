@@ -109,7 +109,12 @@ pub async fn doctor() -> Result<i32> {
             for n in &t.needs {
                 let _ = writeln!(s, "  {:<w$}  {} ({})", n.need, n.backend, n.hook);
                 if let Some(why) = &n.fell_back {
-                    let _ = writeln!(s, "  {:<w$}    fell back: {why}", "");
+                    let label = if n.backend == "none" {
+                        "not seen"
+                    } else {
+                        "fell back"
+                    };
+                    let _ = writeln!(s, "  {:<w$}    {label}: {why}", "");
                 }
             }
             let (kprobe, fentry) = t.probe_extras();

@@ -268,7 +268,7 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
     }
     reg.register(
         "shmtrace_hooks",
-        "Which kernel hooks carry each need of the capture (backend: trampolines or tracepoints; --hooks)",
+        "Which kernel hooks carry each need of the capture (backend: trampolines, tracepoints, or none: a need no tmpfs code sees, left unseen with trampolines; --hooks)",
         hooks,
     );
 

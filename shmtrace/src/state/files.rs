@@ -199,6 +199,22 @@ impl Files {
         f.fd_holders.insert(pid);
     }
 
+    /// `pid` created the file `key` by an open whose fd is not known yet
+    /// (the trampoline backend's create hook runs before the fd exists).
+    /// It holds the file under a placeholder fd, negative and one per
+    /// file, until a listing of its fds replaces it: as a known fd would,
+    /// it stays when the process is gone before that listing (its exit not
+    /// yet applied), and goes when a listing does not find the file.
+    pub fn created(&mut self, pid: u32, key: FileKey) {
+        let placeholder = -1 - (key.1 % (1 << 30)) as i32;
+        self.opened(pid, placeholder, key, true);
+    }
+
+    /// Whether `fd` is a placeholder of [`Files::created`].
+    pub fn is_placeholder(fd: i32) -> bool {
+        fd < 0
+    }
+
     pub fn closed(&mut self, pid: u32, fd: i32) {
         if let Some(key) = self.fd_index.remove(&(pid, fd))
             && let Some(f) = self.files.get_mut(&key)

@@ -357,7 +357,15 @@ impl State {
                     self.procs.set_memcg(h.pid, host.memcg_of(h.pid));
                 }
                 self.read_cmdline(host, h.pid);
-                self.files.opened(h.pid, *fd, file.key(), created);
+                match fd {
+                    Some(fd) => self.files.opened(h.pid, *fd, file.key(), created),
+                    // Created before its open had an fd: the fd comes
+                    // from the next listing of the creator's fds.
+                    None => {
+                        self.files.created(h.pid, file.key());
+                        self.files.want_rescan(h.pid);
+                    }
+                }
                 if created && let Some(name) = &file.name {
                     self.created_after_missing(h.pid, file.dev, name);
                 }
@@ -518,6 +526,10 @@ impl State {
         // stat that finds a file is its measurement.
         let mut measured: HashSet<FileKey> = HashSet::new();
         for (pid, fd, key) in self.files.fd_checks() {
+            if Files::is_placeholder(fd) {
+                self.files.want_rescan(pid);
+                continue;
+            }
             match host.stat_fd(pid, fd).filter(|st| (st.dev, st.ino) == key) {
                 Some(st) => {
                     if measured.insert(key) {

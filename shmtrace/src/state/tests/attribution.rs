@@ -105,7 +105,7 @@ fn holders_gone_before_the_first_failure_is_read_are_measured_by_name() {
         &Event::Opened {
             h: s.h(20, 1),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: file(300, "ballast", 0, 0, 0),
         },
@@ -135,6 +135,65 @@ fn holders_gone_before_the_first_failure_is_read_are_measured_by_name() {
     st.tick(&mut host);
     let b = st.files.get((SHM, 300)).expect("held files stay");
     assert!(b.unlinked);
+}
+
+#[test]
+fn a_create_seen_before_its_fd_holds_the_file_until_the_fds_are_listed() {
+    // The trampoline backend's create hook: no fd yet.
+    let created = |s: &mut Stream, pid| Event::Opened {
+        h: s.h(pid, 1),
+        syscall: Syscall::Openat,
+        fd: None,
+        flags: libc::O_CREAT as u64,
+        file: file(300, "ballast", 0, 0, 0),
+    };
+    // Gone before its fds could be listed, as with a known fd: it holds
+    // what the name says.
+    let (mut st, mut host, mut s) = setup();
+    st.apply(&created(&mut s, 20), &mut host);
+    host.file(SHM, 300, 48 * MIB as i64, 48 * MIB, 1);
+    host.names.insert((SHM, "ballast".into()), 300);
+    let w = file(301, "w2", 32 * MIB as i64, 0, (48 * MIB) / 4096);
+    st.apply(
+        &enospc(s.h(21, 1), Syscall::Fallocate, 4, 32 * MIB, w),
+        &mut host,
+    );
+    let f = &st.failures.all()[0];
+    let holders: Vec<(u32, u64)> = f.holders.iter().map(|h| (h.pid, h.held_bytes)).collect();
+    assert_eq!(holders, vec![(20, 48 * MIB)]);
+    assert_eq!(st.files.get((SHM, 300)).unwrap().creator, Some(20));
+
+    // Alive: the listing replaces the placeholder with the real fd, and
+    // once it closes that fd, the process holds nothing.
+    let (mut st, mut host, mut s) = setup();
+    let stat = crate::host::FileStat {
+        dev: SHM,
+        ino: 300,
+        size: MIB as i64,
+        allocated: MIB,
+        nlink: 1,
+        regular: true,
+    };
+    host.fds.insert(
+        20,
+        vec![FdEntry {
+            fd: 7,
+            stat,
+            name: Some("ballast".into()),
+        }],
+    );
+    host.files.insert((SHM, 300), stat);
+    st.apply(&created(&mut s, 20), &mut host);
+    st.tick(&mut host);
+    assert_eq!(
+        st.files.fd_checks(),
+        vec![(20, 7, (SHM, 300))],
+        "the placeholder is gone"
+    );
+    host.fds.insert(20, vec![]);
+    st.tick(&mut host);
+    st.tick(&mut host);
+    assert!(st.files.fd_checks().is_empty());
 }
 
 #[test]
@@ -179,7 +238,7 @@ fn new_namespaces_are_anchored_and_idle_ones_let_go() {
         &Event::Opened {
             h: h.clone(),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: seg.clone(),
         },
@@ -233,7 +292,7 @@ fn a_failed_mount_leaves_the_live_stats_with_its_namespace() {
         &Event::Opened {
             h: h.clone(),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: full.clone(),
         },
@@ -346,7 +405,7 @@ fn a_named_file_unlinked_while_nobody_held_it_leaves_the_books() {
         &Event::Opened {
             h: s.h(20, 1),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: file(300, "psm_x", MIB as i64, MIB, 256),
         },
@@ -397,7 +456,7 @@ fn churn_of_processes_and_files_leaves_bounded_state() {
             &Event::Opened {
                 h: s.h(pid, 1),
                 syscall: Syscall::Openat,
-                fd: 3,
+                fd: Some(3),
                 flags: libc::O_CREAT as u64,
                 file: fr,
             },
@@ -440,7 +499,7 @@ fn the_peak_is_the_highest_use_any_event_showed_not_only_the_samples() {
         &Event::Opened {
             h: s.h(30, 1),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: seg,
         },
@@ -478,7 +537,7 @@ fn closes_are_seen_on_the_tick_copies_are_found_and_the_gone_keep_their_books() 
             &Event::Opened {
                 h: s.h(pid, 1),
                 syscall: Syscall::Openat,
-                fd: 10,
+                fd: Some(10),
                 flags: libc::O_CREAT as u64,
                 file: file(ino, "x", 0, 0, 0),
             },

@@ -41,7 +41,7 @@ fn create(
                 ..s.h(pid, 1)
             },
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: file(ino, "x", 0, 0, 100),
         },

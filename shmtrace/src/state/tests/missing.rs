@@ -78,7 +78,7 @@ fn a_lookup_followed_by_creating_the_name_is_withdrawn() {
         &Event::Opened {
             h: s.h(20, 1),
             syscall: Syscall::Openat,
-            fd: 5,
+            fd: Some(5),
             flags: libc::O_CREAT as u64,
             file: file(100, "psm_1", 0, 0, 0),
         },

@@ -119,7 +119,7 @@ pub fn sigbus_stream(st: &mut State, host: &mut Fixture, s: &mut Stream) {
         Event::Opened {
             h: s.h(12, 10),
             syscall: Syscall::Openat,
-            fd: 5,
+            fd: Some(5),
             flags: libc::O_CREAT as u64,
             file: file(100, "torch_12_1", 0, 0, 16000),
         },
@@ -473,7 +473,7 @@ fn exec_reads_nothing_until_a_tmpfs_is_touched_and_delivery_records_the_handler(
         &Event::Opened {
             h: s.h(60, 1),
             syscall: Syscall::Openat,
-            fd: 3,
+            fd: Some(3),
             flags: libc::O_CREAT as u64,
             file: file(300, "seg", 0, 0, 0),
         },
@@ -532,7 +532,7 @@ pub fn dataloader_events(s: &mut Stream, names: &str) -> Vec<Event> {
         evs.push(Event::Opened {
             h: s.h(w, 10),
             syscall: Syscall::Openat,
-            fd: 5,
+            fd: Some(5),
             flags: libc::O_CREAT as u64,
             file: f.clone(),
         });
