@@ -454,6 +454,48 @@ impl CudaCall {
     }
 }
 
+/// The kind of an [`Event`], without its data: what the evidence and the
+/// counters keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Fork,
+    Exec,
+    Exit,
+    Sigbus,
+    SigbusDelivered,
+    SyscallFailed,
+    Mapped,
+    Remapped,
+    OomVictim,
+    Truncated,
+    Opened,
+    FdsReceived,
+    Unlinked,
+    CudaIpcFailed,
+}
+
+impl Kind {
+    /// Its name in `--events`, the report's counters and evidence lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Fork => "fork",
+            Kind::Exec => "exec",
+            Kind::Exit => "exit",
+            Kind::Sigbus => "signal_generate",
+            Kind::SigbusDelivered => "signal_deliver",
+            Kind::SyscallFailed => "syscall_error",
+            Kind::Mapped => "mmap",
+            Kind::Remapped => "mremap",
+            Kind::OomVictim => "oom_victim",
+            Kind::Truncated => "ftruncate",
+            Kind::Opened => "open",
+            Kind::FdsReceived => "recvmsg_fds",
+            Kind::Unlinked => "unlink",
+            Kind::CudaIpcFailed => "cuda_ipc_error",
+        }
+    }
+}
+
 impl Event {
     pub fn header(&self) -> &Header {
         match self {
@@ -474,24 +516,29 @@ impl Event {
         }
     }
 
+    /// Which kind of event it is.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Fork { .. } => Kind::Fork,
+            Self::Exec { .. } => Kind::Exec,
+            Self::Exit { .. } => Kind::Exit,
+            Self::Sigbus { .. } => Kind::Sigbus,
+            Self::SigbusDelivered { .. } => Kind::SigbusDelivered,
+            Self::SyscallFailed { .. } => Kind::SyscallFailed,
+            Self::Mapped { .. } => Kind::Mapped,
+            Self::Remapped { .. } => Kind::Remapped,
+            Self::OomVictim { .. } => Kind::OomVictim,
+            Self::Truncated { .. } => Kind::Truncated,
+            Self::Opened { .. } => Kind::Opened,
+            Self::FdsReceived { .. } => Kind::FdsReceived,
+            Self::Unlinked { .. } => Kind::Unlinked,
+            Self::CudaIpcFailed { .. } => Kind::CudaIpcFailed,
+        }
+    }
+
     /// The name used in `--events` and the report's counters.
     pub fn name(&self) -> &'static str {
-        match self {
-            Self::Fork { .. } => "fork",
-            Self::Exec { .. } => "exec",
-            Self::Exit { .. } => "exit",
-            Self::Sigbus { .. } => "signal_generate",
-            Self::SigbusDelivered { .. } => "signal_deliver",
-            Self::SyscallFailed { .. } => "syscall_error",
-            Self::Mapped { .. } => "mmap",
-            Self::Remapped { .. } => "mremap",
-            Self::OomVictim { .. } => "oom_victim",
-            Self::Truncated { .. } => "ftruncate",
-            Self::Opened { .. } => "open",
-            Self::FdsReceived { .. } => "recvmsg_fds",
-            Self::Unlinked { .. } => "unlink",
-            Self::CudaIpcFailed { .. } => "cuda_ipc_error",
-        }
+        self.kind().name()
     }
 
     /// The tmpfs file the record describes, if any.

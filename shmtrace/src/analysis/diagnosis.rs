@@ -261,10 +261,14 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
-    let h = first
-        .holders
-        .iter()
-        .find(|h| h.pid != first.pid && h.held_bytes * 2 > used)?;
+    // Not one that failed too (it was short of room itself), and not one
+    // that holds more than is in use: those bytes are shared mappings of
+    // the same segments, counted in each process that maps them.
+    let h = first.holders.iter().find(|h| {
+        h.held_bytes * 2 > used
+            && h.held_bytes <= used
+            && !r.failures.iter().any(|f| f.pid == h.pid)
+    })?;
     let sibling = r
         .processes
         .iter()

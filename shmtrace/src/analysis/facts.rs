@@ -231,7 +231,7 @@ impl Facts {
                 .evidence()
                 .by_kind()
                 .iter()
-                .map(|(k, v)| (k.to_string(), *v))
+                .map(|(k, v)| (k.name().to_string(), *v))
                 .collect(),
             exit: ctx.exit,
             notes: ctx.notes,

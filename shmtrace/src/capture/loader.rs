@@ -495,6 +495,7 @@ fn trampolines(
         }
         let mut why = Vec::new();
         let mut met = None;
+        let mut absent: Vec<&str> = Vec::new();
         for f in t.functions {
             if let Some(r) = &refused {
                 if !why.contains(r) {
@@ -503,13 +504,15 @@ fn trampolines(
                 break;
             }
             let name = f.function;
+            if absent.contains(&name) {
+                continue; // the same function for another parameter count
+            }
             match btf.function_params(name) {
                 None => {
                     why.push(format!(
                         "{name} is not in this kernel's BTF (renamed or inlined)"
                     ));
-                    // The same function with another parameter count: said once.
-                    break;
+                    absent.push(name);
                 }
                 // Another entry may be written for this count.
                 Some(n) if n != f.params => {

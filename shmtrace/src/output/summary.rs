@@ -247,11 +247,9 @@ fn story(
         v.dedup();
         v
     };
-    // A DataLoader names a worker by pid order; users known to be
-    // something else (NCCL, Ray, Python's shared_memory...) do not.
-    let dataloader = diagnosis.is_none_or(|d| {
-        d.signature.starts_with("pytorch-dataloader") || d.signature.starts_with("shm:")
-    });
+    // A DataLoader names a worker by pid order: said only of a job
+    // recognised as one (other programs name whom they name).
+    let dataloader = diagnosis.is_some_and(|d| d.signature.starts_with("pytorch-dataloader"));
     if dataloader && failed_pids.len() > 1 && failed_pids[0] != first.pid {
         let _ = writeln!(s);
         let _ = writeln!(

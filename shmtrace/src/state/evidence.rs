@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::{event::Dev, units::human_bytes};
+use crate::{
+    event::{Dev, Kind},
+    units::human_bytes,
+};
 
 /// Events kept per mount.
 const RECENT: usize = 8;
@@ -15,8 +18,8 @@ pub struct Noted {
     pub ts_ns: u64,
     pub pid: u32,
     pub comm: String,
-    /// The event's name (open, mmap, ftruncate, unlink...).
-    pub kind: &'static str,
+    /// The event's kind (open, mmap, ftruncate, unlink...).
+    pub kind: Kind,
     /// The file's name, escaped.
     pub name: Option<String>,
     /// Size and allocation of the file at the event (None for an unlink).
@@ -32,7 +35,7 @@ impl Noted {
             since(self.ts_ns),
             self.pid,
             self.comm,
-            self.kind,
+            self.kind.name(),
             self.name.as_deref().unwrap_or("?"),
         );
         if let Some((size, allocated)) = self.sizes {
@@ -50,7 +53,7 @@ impl Noted {
 pub struct Evidence {
     recent: HashMap<Dev, VecDeque<Noted>>,
     events_seen: u64,
-    by_kind: BTreeMap<&'static str, u64>,
+    by_kind: BTreeMap<Kind, u64>,
 }
 
 impl Evidence {
@@ -60,11 +63,11 @@ impl Evidence {
     }
 
     /// Events applied, by name.
-    pub fn by_kind(&self) -> &BTreeMap<&'static str, u64> {
+    pub fn by_kind(&self) -> &BTreeMap<Kind, u64> {
         &self.by_kind
     }
 
-    pub fn counted(&mut self, kind: &'static str) {
+    pub fn counted(&mut self, kind: Kind) {
         self.events_seen += 1;
         *self.by_kind.entry(kind).or_default() += 1;
     }
@@ -140,7 +143,7 @@ mod tests {
         assert!(libraries(["python3.11", "libcuda_fake"].into_iter()).is_empty());
     }
 
-    fn noted(ts_ns: u64, kind: &'static str, sizes: Option<(u64, u64)>) -> Noted {
+    fn noted(ts_ns: u64, kind: Kind, sizes: Option<(u64, u64)>) -> Noted {
         Noted {
             ts_ns,
             pid: 7,
@@ -158,10 +161,10 @@ mod tests {
         for i in 0..12 {
             e.noted(
                 Dev(1),
-                noted(1_000_000_000 + i * 1000, "open", Some((4096, 0))),
+                noted(1_000_000_000 + i * 1000, Kind::Opened, Some((4096, 0))),
             );
         }
-        e.noted(Dev(2), noted(2_500_000_000, "unlink", None));
+        e.noted(Dev(2), noted(2_500_000_000, Kind::Unlinked, None));
         let r = e.recent_on(Dev(1), since);
         assert_eq!(r.len(), RECENT);
         assert_eq!(
@@ -173,8 +176,8 @@ mod tests {
             vec!["+1.500000s pid 7 (w) unlink seg".to_string()]
         );
         assert!(e.recent_on(Dev(3), since).is_empty());
-        e.counted("fork");
-        e.counted("fork");
-        assert_eq!((e.events_seen, e.by_kind["fork"]), (2, 2));
+        e.counted(Kind::Fork);
+        e.counted(Kind::Fork);
+        assert_eq!((e.events_seen, e.by_kind[&Kind::Fork]), (2, 2));
     }
 }

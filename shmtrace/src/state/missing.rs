@@ -44,7 +44,7 @@ impl State {
                     ts_ns: h.ts_ns,
                     pid: h.pid,
                     comm: h.comm.clone(),
-                    kind: "unlink",
+                    kind: crate::event::Kind::Unlinked,
                     name: Some(crate::escape::str(name)),
                     sizes: None,
                 },

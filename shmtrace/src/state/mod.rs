@@ -30,7 +30,7 @@ use std::{
 };
 
 use crate::{
-    event::{Addr, Dev, Event, FileKey, FileRef, Header},
+    event::{Addr, Dev, Event, FileKey, FileRef, Header, Kind},
     host::{Host, memcg::Memcg},
     units::page_size,
 };
@@ -275,7 +275,7 @@ impl State {
 
     /// One event, in kernel-time order.
     pub fn apply(&mut self, ev: &Event, host: &mut dyn Host) {
-        self.evidence.counted(ev.name());
+        self.evidence.counted(ev.kind());
         let h = ev.header();
         // A SIGBUS header is its sender and an OOM kill's is whoever ran
         // out: neither says anything about the process it is about.
@@ -369,7 +369,7 @@ impl State {
                 if created && let Some(name) = &file.name {
                     self.created_after_missing(h.pid, file.dev, name);
                 }
-                self.saw_file(h, ev.name(), file);
+                self.saw_file(h, ev.kind(), file);
                 self.ensure_mount(host, file.dev, h.mnt_ns, h.pid);
             }
             Event::Unlinked {
@@ -402,7 +402,7 @@ impl State {
                         size: file.size,
                     },
                 );
-                self.saw_file(h, ev.name(), file);
+                self.saw_file(h, ev.kind(), file);
                 // Mapping an fd we never saw opened: it came over a socket,
                 // by dup or by fork. Look at its fds on the next tick.
                 self.files.want_rescan(h.pid);
@@ -421,7 +421,7 @@ impl State {
             }
             Event::Truncated { h, file, .. } => {
                 self.sizes.insert(file.key(), file.size);
-                self.saw_file(h, ev.name(), file);
+                self.saw_file(h, ev.kind(), file);
             }
             Event::Sigbus { .. } => self.on_sigbus(ev, host),
             Event::SyscallFailed { .. } => self.on_syscall_failure(ev, host),
@@ -431,7 +431,7 @@ impl State {
     }
 
     /// A tmpfs file the kernel described in an event of `h`'s process.
-    fn saw_file(&mut self, h: &Header, kind: &'static str, file: &FileRef) {
+    fn saw_file(&mut self, h: &Header, kind: Kind, file: &FileRef) {
         // The last events on each mount: evidence for a failure there.
         self.evidence.noted(
             file.dev,
