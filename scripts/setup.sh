@@ -51,6 +51,8 @@ if [[ $want_test -eq 1 ]]; then
     apt_install bpftool tmux python3-torch python3-venv
     # promtool (Debian's prometheus): metrics format and alerting-rule tests.
     apt_install prometheus python3-yaml
+    # PostgreSQL 15 (Debian's): a parallel hash join that outgrows /dev/shm.
+    apt_install postgresql-15
     # A second kernel and a cgroup-v2-only node: Debian 12's 6.1 under QEMU
     # (TCG), booted from an initramfs of static busybox (tests/tests/vm.rs).
     # The kernel package is only unpacked into the cache, never installed.

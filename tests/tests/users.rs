@@ -1,6 +1,6 @@
 //! Beyond the DataLoader: torch.multiprocessing, NCCL, Python's
-//! shared_memory, leftover files, memory cgroups and CUDA IPC, each with
-//! the real library where it runs here.
+//! shared_memory, PostgreSQL, leftover files, memory cgroups and CUDA IPC,
+//! each with the real program where it runs here.
 
 use serde_json::Value;
 use shmtrace_tests::*;
@@ -457,4 +457,94 @@ fn ray_object_store_raylet_dies_of_sigbus_in_a_full_dev_shm() {
         left.contains("/dev/shm/filler ") && left.contains(&format!("pid {}", truth["filler"])),
         "{left}"
     );
+}
+
+/// Debian's PostgreSQL 15 in a private 32 MiB /dev/shm (Docker's default
+/// is 64 MiB), a fresh cluster of its own, one parallel hash join whose
+/// dynamic shared memory does not fit: `could not resize shared memory
+/// segment "/PostgreSQL.N"` in the client, from whichever backend it relays.
+const POSTGRES: &str = r#"set -e
+D=$(mktemp -d /tmp/shmtrace-pg-XXXXXX); chown postgres "$D"
+B=/usr/lib/postgresql/15/bin
+pg() { runuser -u postgres -- "$@"; }
+pg $B/initdb -D "$D/data" -A trust > /dev/null
+pg $B/pg_ctl -D "$D/data" -l "$D/log" -w -o "-k $D -c listen_addresses= -c max_parallel_workers_per_gather=2 -c parallel_setup_cost=0 -c parallel_tuple_cost=0 -c min_parallel_table_scan_size=0 -c work_mem=64MB -c hash_mem_multiplier=4" start > /dev/null
+pg psql -X -q -h "$D" -d postgres -c "create table a as select g as x, repeat('x', 100) as y from generate_series(1, 600000) g; analyze a;"
+set +e
+pg psql -X -q -h "$D" -d postgres -c "select count(*) from a t1 join a t2 using (x);" 2> "$D/client.err"
+rc=$?
+cat "$D/client.err" >&2
+grep -o 'PostgreSQL\.[0-9]*' "$D/client.err" | head -1
+pg $B/pg_ctl -D "$D/data" -m fast -w stop > /dev/null
+rm -rf "$D"
+exit $rc"#;
+
+#[test]
+fn postgres_parallel_hash_join_is_diagnosed_as_postgres_dynamic_shared_memory() {
+    let t = run_traced(&[], &private_shm("size=32m", POSTGRES));
+    let err = t.stderr();
+    assert!(
+        err.contains("could not resize shared memory segment"),
+        "the real failure: {err}"
+    );
+    // The client names the segment of the backend whose error it relays.
+    let relayed = t.stdout().trim().to_string();
+    assert!(relayed.starts_with("PostgreSQL."), "{relayed}");
+    let failures = t.failures();
+    let f = t.first();
+    // The kernel's order: the first failure is the earliest, a postgres
+    // process (a parallel worker or the leader), on a DSM segment.
+    let ts: Vec<u64> = failures
+        .iter()
+        .map(|f| f["ts_ns"].as_u64().unwrap())
+        .collect();
+    assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{ts:?}");
+    assert_eq!(f["pid"], failures[0]["pid"], "{err}");
+    assert_eq!(f["comm"], "postgres", "{f}");
+    assert_eq!(f["kind"], "enospc", "{f}");
+    assert_eq!(f["syscall"], "fallocate", "{f}");
+    assert!(
+        f["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/dev/shm/PostgreSQL."),
+        "{f}"
+    );
+    assert!(
+        failures
+            .iter()
+            .any(|x| x["path"].as_str() == Some(&format!("/dev/shm/{relayed}"))),
+        "the relayed segment is among the failures: {relayed}"
+    );
+    let d = &t.report["diagnosis"];
+    assert_eq!(d["signature"], "postgresql-dsm:enospc-fallocate", "{d}");
+    assert_eq!(d["framework"], "PostgreSQL dynamic shared memory");
+    assert!(
+        d["framework_message"]
+            .as_str()
+            .unwrap()
+            .contains("could not resize shared memory segment"),
+        "{d}"
+    );
+    let knobs = d["knobs"].as_str().unwrap();
+    for k in [
+        "dynamic_shared_memory_type",
+        "work_mem",
+        "max_parallel_workers_per_gather",
+    ] {
+        assert!(knobs.contains(k), "{k}: {knobs}");
+    }
+    // 32 MiB did not hold it: a bigger size, and the docker flag.
+    assert!(
+        d["recommended_shm_bytes"].as_u64().unwrap() > 32 << 20,
+        "{d}"
+    );
+    assert!(d["docker"].as_str().unwrap().contains("--shm-size="), "{d}");
+    // The workers share their segments: no hoard, no PyTorch rule.
+    assert!(d["caveat"].is_null(), "{d}");
+    let report = t.report.to_string();
+    for word in ["PyTorch", "DataLoader", "prefetch", "pid order"] {
+        assert!(!err.contains(word), "{word} in the summary:\n{err}");
+        assert!(!report.contains(word), "{word} in the report");
+    }
 }

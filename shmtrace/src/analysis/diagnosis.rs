@@ -261,9 +261,14 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
-    // Not one that failed too (it was short of room itself), and not one
-    // that holds more than is in use: those bytes are shared mappings of
-    // the same segments, counted in each process that maps them.
+    // Not one that failed too (it was short of room itself), and not
+    // where the holders hold more than is in use between them: those bytes
+    // are the same segments, mapped or open in several processes (parallel
+    // workers of one query, ranks of one job), no one's hoard.
+    let held: u64 = first.holders.iter().map(|h| h.held_bytes).sum();
+    if held > used {
+        return None;
+    }
     let h = first.holders.iter().find(|h| {
         h.held_bytes * 2 > used
             && h.held_bytes <= used

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::{
-    analysis::{Facts, facts::Context},
+    analysis::{Facts, Report, facts::Context},
     event::{Event, ExitStatus, Syscall},
     state::tests::{MIB, dataloader_events, file, setup},
 };
@@ -264,4 +264,90 @@ fn fallocate_by_unnamed_workers_is_torch_multiprocessing_not_a_dataloader() {
         d.signature
     );
     assert!(d.dataloader.is_none(), "no DataLoader arithmetic");
+}
+
+/// A mount of 64 MiB with 60 MiB in use: `holders` hold segment 500
+/// (40 MiB) by fd, then each of `failing` (in that order) fails to
+/// fallocate 24 MiB more. Processes are named `comm`.
+fn held_then_full(comm: &str, segment: &str, holders: &[u32], failing: &[u32]) -> Report {
+    let (mut st, mut host, mut s) = setup();
+    let mut h = |s: &mut crate::state::tests::Stream, pid| {
+        let mut h = s.h(pid, 1);
+        h.comm = comm.into();
+        h
+    };
+    host.file(crate::state::tests::SHM, 500, 40 * MIB as i64, 40 * MIB, 1);
+    for (i, &pid) in holders.iter().enumerate() {
+        host.open_fd(pid, 9, crate::state::tests::SHM, 500);
+        st.apply(
+            &Event::Opened {
+                h: h(&mut s, pid),
+                syscall: Syscall::Openat,
+                fd: Some(9),
+                flags: if i == 0 { libc::O_CREAT as u64 } else { 0 },
+                file: file(500, segment, 0, 0, 0),
+            },
+            &mut host,
+        );
+    }
+    for &pid in failing {
+        let seg = file(501, &format!("{segment}x"), 0, 0, (60 * MIB) / 4096);
+        st.apply(
+            &crate::state::tests::enospc(h(&mut s, pid), Syscall::Fallocate, 10, 24 * MIB, seg),
+            &mut host,
+        );
+    }
+    Report::build(&st, ctx())
+}
+
+#[test]
+fn a_process_that_keeps_what_it_holds_alone_is_named_as_a_possible_hoard() {
+    // 30 holds 40 of the 60 MiB in use on its own and never failed.
+    let r = held_then_full("app", "seg", &[30], &[12]);
+    let caveat = r.diagnosis.unwrap().caveat.expect("a caveat");
+    assert!(
+        caveat.starts_with("pid 30 (app) held 40.0 MiB of the 60.0 MiB in use without failing"),
+        "{caveat}"
+    );
+}
+
+#[test]
+fn postgres_parallel_workers_get_postgres_words_and_nothing_of_pytorch() {
+    // The leader 20 and workers 21, 22 of one parallel query hold the same
+    // DSM segment; 22 fails first, then 21, then the leader.
+    let r = held_then_full(
+        "postgres",
+        "PostgreSQL.1804289383",
+        &[20, 21, 22, 23],
+        &[22, 21, 20],
+    );
+    let d = r.diagnosis.as_ref().unwrap();
+    assert_eq!(d.signature, "postgresql-dsm:enospc-fallocate");
+    assert_eq!(
+        d.framework.as_deref(),
+        Some("PostgreSQL dynamic shared memory")
+    );
+    assert!(
+        d.knobs
+            .as_deref()
+            .unwrap()
+            .contains("dynamic_shared_memory_type")
+    );
+    assert!(
+        d.framework_message
+            .as_deref()
+            .unwrap()
+            .contains("could not resize shared memory segment")
+    );
+    // 23 failed nothing, but what it holds is what the failing ones hold:
+    // shared, not hoarded; and the holders add up to more than in use.
+    assert!(d.caveat.is_none(), "{:?}", d.caveat);
+    assert_eq!(r.facts.first_failure.as_ref().unwrap().pid, 22);
+    let text = crate::output::summary::render(&r);
+    let json = serde_json::to_string(&r).unwrap();
+    for word in ["PyTorch", "DataLoader", "prefetch", "pid order", "torch"] {
+        assert!(!text.contains(word), "{word} in:\n{text}");
+        assert!(!json.contains(word), "{word} in the report");
+    }
+    assert!(text.contains("PostgreSQL"), "{text}");
 }

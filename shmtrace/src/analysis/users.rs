@@ -28,6 +28,18 @@ pub enum User {
     /// Ray's object store: `plasmaXXXXXX` (mkstemp, unlink, sparse
     /// ftruncate, mmap: runs out later, as SIGBUS).
     RayObjectStore,
+    /// PostgreSQL's dynamic shared memory: `PostgreSQL.N` (shm_open, then
+    /// posix_fallocate: a parallel query runs out as ENOSPC).
+    PostgresDsm,
+    /// Open MPI's shared-memory transport: `vader_segment.*` (4.x) and
+    /// `sm_segment.*` (5.x), one per rank.
+    OpenMpi,
+    /// joblib/loky memmapping of large arrays passed to workers: files
+    /// under `joblib_memmapping_folder_*`.
+    Joblib,
+    /// Chromium and headless browsers (Puppeteer, Playwright):
+    /// `.org.chromium.Chromium.*` segments.
+    Chromium,
     /// POSIX named semaphores: `sem.NAME` (one page each).
     PosixSemaphore,
     /// Anything else: plain shm_open, files written into /dev/shm.
@@ -64,7 +76,15 @@ impl User {
             return User::PytorchDataLoader;
         }
         let mut best = (0, User::Unknown);
-        for u in [User::Nccl, User::RayObjectStore, User::PythonSharedMemory] {
+        for u in [
+            User::Nccl,
+            User::RayObjectStore,
+            User::PythonSharedMemory,
+            User::PostgresDsm,
+            User::OpenMpi,
+            User::Joblib,
+            User::Chromium,
+        ] {
             let n = names.iter().filter(|x| **x == u).count();
             if n > best.0 {
                 best = (n, u);
@@ -86,6 +106,10 @@ impl User {
             if libs.contains(&"libnccl") && !libs.contains(&"libtorch") {
                 return User::Nccl;
             }
+            // PostgreSQL's processes name themselves "postgres".
+            if r.first_failure.is_some_and(|f| f.comm == "postgres") {
+                return User::PostgresDsm;
+            }
         }
         best.1
     }
@@ -98,6 +122,10 @@ impl User {
             User::PythonSharedMemory => "python-shared-memory",
             User::Nccl => "nccl",
             User::RayObjectStore => "ray-object-store",
+            User::PostgresDsm => "postgresql-dsm",
+            User::OpenMpi => "openmpi-sm",
+            User::Joblib => "joblib-memmap",
+            User::Chromium => "chromium",
             User::PosixSemaphore => "posix-semaphore",
             User::Unknown => "shm",
         }
@@ -110,6 +138,10 @@ impl User {
             User::PythonSharedMemory => Some("Python multiprocessing.shared_memory"),
             User::Nccl => Some("NCCL"),
             User::RayObjectStore => Some("Ray object store (plasma)"),
+            User::PostgresDsm => Some("PostgreSQL dynamic shared memory"),
+            User::OpenMpi => Some("Open MPI shared-memory transport"),
+            User::Joblib => Some("joblib/loky memmapping"),
+            User::Chromium => Some("Chromium"),
             User::PosixSemaphore => Some("POSIX named semaphores"),
             User::Unknown => None,
         }
@@ -168,6 +200,33 @@ impl User {
                 "the plasma store's backing file is gone: workers fail to map objects \
                  (ObjectLostError)"
             }
+            (User::PostgresDsm, Enospc) => {
+                "ERROR:  could not resize shared memory segment \"/PostgreSQL.N\" to M bytes: \
+                 No space left on device (in the client's session, whichever backend's error \
+                 it relays; the parallel workers exit)"
+            }
+            (User::PostgresDsm, Sigbus) => {
+                "LOG:  server process (PID N) was terminated by signal 7: Bus error, then \
+                 every session is reset while the server restarts"
+            }
+            (User::OpenMpi, Enospc | Sigbus) => {
+                "A system call failed during shared memory initialization that should not \
+                 have (btl vader/sm: No space left on device), or a rank dies of SIGBUS and \
+                 mpirun reports 'exited on signal 7 (Bus error)'"
+            }
+            (User::Joblib, Enospc) => {
+                "OSError: [Errno 28] No space left on device, raised while joblib dumps a \
+                 large argument for its workers (or a loky worker dies: TerminatedWorkerError)"
+            }
+            (User::Joblib, Sigbus) => {
+                "a loky worker dies of SIGBUS: joblib raises TerminatedWorkerError ('A worker \
+                 process managed by the executor was unexpectedly terminated')"
+            }
+            (User::Chromium, Enospc | Sigbus) => {
+                "ERROR: Creating shared memory in /dev/shm/.org.chromium.Chromium.XXXXXX \
+                 failed: No space left on device, then tabs crash ('Aw, Snap!', Puppeteer's \
+                 'Page crashed!' or 'Target closed')"
+            }
             (User::PosixSemaphore, Enospc) => {
                 "sem_open: No space left on device (Python: OSError: [Errno 28] from \
                  multiprocessing.Lock/Queue/SemLock)"
@@ -196,6 +255,27 @@ impl User {
                  the /dev/shm size (Ray sizes its store at 30% of memory by default), or let \
                  it fall back to /tmp (slower) with --plasma-directory=/tmp"
             }
+            User::PostgresDsm => {
+                "in postgresql.conf: dynamic_shared_memory_type = mmap (segments in the data \
+                 directory, not /dev/shm), min_dynamic_shared_memory (reserved at start), a \
+                 lower work_mem or hash_mem_multiplier (what a parallel hash join asks), or \
+                 max_parallel_workers_per_gather = 0 (no parallel query, no segment for it)"
+            }
+            User::OpenMpi => {
+                "--mca btl_vader_backing_directory /tmp (Open MPI 4) or --mca \
+                 btl_sm_backing_directory /tmp (Open MPI 5) puts the segments elsewhere; \
+                 --mca btl ^vader (^sm) sends intra-node traffic over TCP instead"
+            }
+            User::Joblib => {
+                "JOBLIB_TEMP_FOLDER=/tmp (or Parallel(temp_folder=...)) memmaps somewhere \
+                 with room; max_nbytes=None turns memmapping off; fewer n_jobs need fewer \
+                 copies"
+            }
+            User::Chromium => {
+                "--disable-dev-shm-usage (Chromium then writes its segments to /tmp), or a \
+                 /dev/shm of 1-2 GiB for browsers (Puppeteer and Playwright advise \
+                 --shm-size=1gb)"
+            }
             User::PosixSemaphore => {
                 "a semaphore needs one page: /dev/shm was full of something else; see the \
                  holders"
@@ -213,7 +293,15 @@ impl User {
 
 /// The user a file name (or path) points to.
 pub fn by_name(path: &str) -> User {
-    let name = path.rsplit('/').next().unwrap_or(path);
+    let mut parts = path.rsplit('/');
+    let name = parts.next().unwrap_or(path);
+    // joblib's files are named by their content's hash; their folder says.
+    if parts
+        .next()
+        .is_some_and(|dir| dir.starts_with("joblib_memmapping_folder_"))
+    {
+        return User::Joblib;
+    }
     if name.starts_with("torch_") {
         User::PytorchDataLoader
     } else if name.starts_with("psm_") {
@@ -222,6 +310,12 @@ pub fn by_name(path: &str) -> User {
         User::Nccl
     } else if name.starts_with("plasma") {
         User::RayObjectStore
+    } else if name.starts_with("PostgreSQL.") {
+        User::PostgresDsm
+    } else if name.starts_with("vader_segment.") || name.starts_with("sm_segment.") {
+        User::OpenMpi
+    } else if name.starts_with(".org.chromium.Chromium.") {
+        User::Chromium
     } else if name.starts_with("sem.") {
         User::PosixSemaphore
     } else {
@@ -241,13 +335,36 @@ mod tests {
         assert_eq!(by_name("plasmaAbC123"), User::RayObjectStore);
         assert_eq!(by_name("/dev/shm/sem.mp-1a2b"), User::PosixSemaphore);
         assert_eq!(by_name("/dev/shm/seg"), User::Unknown);
+        assert_eq!(by_name("/dev/shm/PostgreSQL.1804289383"), User::PostgresDsm);
+        assert_eq!(
+            by_name("/dev/shm/vader_segment.node1.4a2b0001.0"),
+            User::OpenMpi
+        );
+        assert_eq!(by_name("sm_segment.node1.0.1"), User::OpenMpi);
+        assert_eq!(
+            by_name("/dev/shm/.org.chromium.Chromium.Xy12Ab"),
+            User::Chromium
+        );
+        assert_eq!(
+            by_name("/dev/shm/joblib_memmapping_folder_42_0a1b_c2d3/1f2e-3d4c.pkl"),
+            User::Joblib
+        );
         // Only the file's own name counts, not a directory on the way.
         assert_eq!(by_name("/dev/shm/torch_dir/seg"), User::Unknown);
     }
 
     #[test]
     fn each_library_says_what_it_prints_and_how_to_need_less() {
-        for u in [User::PythonSharedMemory, User::Nccl, User::RayObjectStore] {
+        for u in [
+            User::PythonSharedMemory,
+            User::Nccl,
+            User::RayObjectStore,
+            User::PostgresDsm,
+            User::OpenMpi,
+            User::Joblib,
+            User::Chromium,
+        ] {
+            assert!(u.message(FailureKind::Enospc).is_some(), "{u:?}");
             assert!(u.message(FailureKind::Sigbus).is_some(), "{u:?}");
             assert!(u.knobs().is_some(), "{u:?}");
             assert!(u.name().is_some());
