@@ -271,7 +271,7 @@ fn fallocate_by_unnamed_workers_is_torch_multiprocessing_not_a_dataloader() {
 /// fallocate 24 MiB more. Processes are named `comm`.
 fn held_then_full(comm: &str, segment: &str, holders: &[u32], failing: &[u32]) -> Report {
     let (mut st, mut host, mut s) = setup();
-    let mut h = |s: &mut crate::state::tests::Stream, pid| {
+    let h = |s: &mut crate::state::tests::Stream, pid| {
         let mut h = s.h(pid, 1);
         h.comm = comm.into();
         h
