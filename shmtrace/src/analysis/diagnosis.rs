@@ -261,18 +261,12 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
-    // Not one that failed too (it was short of room itself), and not
-    // where the holders hold more than is in use between them: those bytes
-    // are the same segments, mapped or open in several processes (parallel
-    // workers of one query, ranks of one job), no one's hoard.
-    let held: u64 = first.holders.iter().map(|h| h.held_bytes).sum();
-    if held > used {
-        return None;
-    }
+    // Not one that failed too (it was short of room itself), and only by
+    // its own bytes: what it holds of segments other processes hold too
+    // (parallel workers of one query, ranks of one job) is no one's hoard.
     let h = first.holders.iter().find(|h| {
-        h.held_bytes * 2 > used
-            && h.held_bytes <= used
-            && !r.failures.iter().any(|f| f.pid == h.pid)
+        let own = h.held_bytes.saturating_sub(h.shared_bytes);
+        own * 2 > used && own <= used && !r.failures.iter().any(|f| f.pid == h.pid)
     })?;
     let sibling = r
         .processes

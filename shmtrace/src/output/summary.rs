@@ -181,9 +181,27 @@ fn story(
         let list: Vec<String> = first
             .holders
             .iter()
-            .map(|h| format!("pid {} ({}) {}", h.pid, h.comm, human_bytes(h.held_bytes)))
+            .map(|h| {
+                let shared = match h.shared_bytes {
+                    0 => String::new(),
+                    b if b >= h.held_bytes => " (all shared)".to_string(),
+                    b => format!(" ({} shared)", human_bytes(b)),
+                };
+                format!(
+                    "pid {} ({}) {}{shared}",
+                    h.pid,
+                    h.comm,
+                    human_bytes(h.held_bytes)
+                )
+            })
             .collect();
         let _ = writeln!(s, "  holders        {}", list.join(", "));
+        if first.holders.iter().any(|h| h.shared_bytes > 0) {
+            let _ = writeln!(
+                s,
+                "                 (a shared segment counts in each process that maps or opens it)"
+            );
+        }
     }
     if let Some(p) = procs(first.pid) {
         let fate = match (p.exit_signal, p.exit_code) {

@@ -253,6 +253,9 @@ pub struct Holder {
     pub comm: String,
     /// Bytes of files on the mount it kept alive (by fd or mapping).
     pub held_bytes: u64,
+    /// The part of `held_bytes` in files other processes held too (one
+    /// segment mapped by several): counted in each of them.
+    pub shared_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

@@ -484,14 +484,30 @@ impl Files {
     /// Processes holding files on tmpfs `dev`, with the bytes each holds
     /// there, largest first.
     pub fn holders_on(&self, dev: Dev) -> Vec<(u32, u64)> {
-        let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+        self.holders_shared_on(dev)
+            .into_iter()
+            .map(|(pid, held, _)| (pid, held))
+            .collect()
+    }
+
+    /// [`Files::holders_on`] with, for each holder, the part of its bytes
+    /// in files another process holds too (a segment mapped by several):
+    /// (pid, held, shared), most held first.
+    pub fn holders_shared_on(&self, dev: Dev) -> Vec<(u32, u64, u64)> {
+        let mut by: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
         for f in self.files.values().filter(|f| f.dev == dev) {
-            for pid in f.holders() {
-                *by.entry(pid).or_default() += f.allocated_bytes;
+            let holders = f.holders();
+            let shared = holders.len() > 1;
+            for pid in holders {
+                let e = by.entry(pid).or_default();
+                e.0 += f.allocated_bytes;
+                if shared {
+                    e.1 += f.allocated_bytes;
+                }
             }
         }
-        let mut v: Vec<(u32, u64)> = by.into_iter().collect();
-        v.sort_by_key(|&(pid, b)| (std::cmp::Reverse(b), pid));
+        let mut v: Vec<(u32, u64, u64)> = by.into_iter().map(|(p, (h, s))| (p, h, s)).collect();
+        v.sort_by_key(|&(pid, b, _)| (std::cmp::Reverse(b), pid));
         v
     }
 

@@ -53,11 +53,11 @@ impl State {
             self.refresh_files(host);
             f.holders = self
                 .files
-                .holders_on(dev)
+                .holders_shared_on(dev)
                 .into_iter()
-                .filter(|&(_, b)| b > 0)
+                .filter(|&(_, b, _)| b > 0)
                 .take(5)
-                .map(|(pid, held_bytes)| Holder {
+                .map(|(pid, held_bytes, shared_bytes)| Holder {
                     pid,
                     comm: self
                         .procs
@@ -65,6 +65,7 @@ impl State {
                         .map(|p| p.comm.clone())
                         .unwrap_or_default(),
                     held_bytes,
+                    shared_bytes,
                 })
                 .collect();
             f.events_before = self.evidence.recent_on(dev, |t| self.since_start(t));
