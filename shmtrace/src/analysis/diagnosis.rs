@@ -261,12 +261,15 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
-    // Not one that failed too (it was short of room itself), and only by
-    // its own bytes: what it holds of segments other processes hold too
-    // (parallel workers of one query, ranks of one job) is no one's hoard.
+    // Not one that failed too (it was short of room itself, as each of a
+    // parallel query's workers mapping the same segments is), and never
+    // "more than in use" (shared mappings counted in each process). A
+    // consumer keeping what producers send shares those segments with
+    // them too, so `shared_bytes` alone cannot clear a holder.
     let h = first.holders.iter().find(|h| {
-        let own = h.held_bytes.saturating_sub(h.shared_bytes);
-        own * 2 > used && own <= used && !r.failures.iter().any(|f| f.pid == h.pid)
+        h.held_bytes * 2 > used
+            && h.held_bytes <= used
+            && !r.failures.iter().any(|f| f.pid == h.pid)
     })?;
     let sibling = r
         .processes

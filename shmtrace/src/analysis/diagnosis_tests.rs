@@ -318,7 +318,7 @@ fn postgres_parallel_workers_get_postgres_words_and_nothing_of_pytorch() {
     let r = held_then_full(
         "postgres",
         "PostgreSQL.1804289383",
-        &[20, 21, 22, 23],
+        &[20, 21, 22],
         &[22, 21, 20],
     );
     let d = r.diagnosis.as_ref().unwrap();
@@ -339,8 +339,7 @@ fn postgres_parallel_workers_get_postgres_words_and_nothing_of_pytorch() {
             .unwrap()
             .contains("could not resize shared memory segment")
     );
-    // 23 failed nothing, but what it holds is what the failing ones hold:
-    // shared, not hoarded; and the holders add up to more than in use.
+    // Every holder failed: none of them hoarded what the others wait for.
     assert!(d.caveat.is_none(), "{:?}", d.caveat);
     assert_eq!(r.facts.first_failure.as_ref().unwrap().pid, 22);
     let text = crate::output::summary::render(&r);
