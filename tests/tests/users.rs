@@ -224,7 +224,14 @@ fn multiprocessing_consumer_that_keeps(python: &str, what: &str) {
     );
     assert!(d["knobs"].as_str().unwrap().contains("clone()"), "{d}");
     let consumer = truth["consumer"].as_u64().unwrap();
-    let caveat = d["caveat"].as_str().expect("the consumer holds the bytes");
+    let caveat = d["caveat"].as_str().unwrap_or_else(|| {
+        panic!(
+            "the consumer (pid {consumer}) holds the bytes: {d}\nholders: {}\nfailures: {}\n{}",
+            f["holders"],
+            t.report["failures"],
+            t.stderr()
+        )
+    });
     assert!(caveat.contains(&format!("pid {consumer} ")), "{caveat}");
     assert!(
         caveat.contains("what a DataLoader with as many workers keeps"),

@@ -254,22 +254,29 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     })
 }
 
-/// A process that did not fail but held more than half of the mount's use
+/// A process other than the first to fail that held more than half of the mount's use
 /// at the first failure. A DataLoader's main process holding its prefetched
 /// batches (up to `in_flight`), and sibling workers of the libraries that
 /// share segments between processes, are the design, not a hoard.
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
-    // Not one that failed too (it was short of room itself, as each of a
-    // parallel query's workers mapping the same segments is), and never
-    // "more than in use" (shared mappings counted in each process). A
-    // consumer keeping what producers send shares those segments with
-    // them too, so `shared_bytes` alone cannot clear a holder.
+    // Never "more than in use" (shared mappings counted in each process;
+    // a sixteenth of slack, as the mount's use and the holders' files are
+    // read a few pages apart), and not one that failed along with the first (within 10 ms) on
+    // segments it mostly shares: a parallel query's workers, which all map
+    // the same segments. A consumer keeping what producers send shares
+    // those too, so sharing alone does not clear a holder.
+    let failed_with_it = |pid: u32| {
+        r.failures
+            .iter()
+            .any(|f| f.pid == pid && f.delay_ns <= 10_000_000)
+    };
     let h = first.holders.iter().find(|h| {
-        h.held_bytes * 2 > used
-            && h.held_bytes <= used
-            && !r.failures.iter().any(|f| f.pid == h.pid)
+        h.pid != first.pid
+            && h.held_bytes * 2 > used
+            && h.held_bytes <= used + used / 16
+            && !(failed_with_it(h.pid) && h.shared_bytes * 2 >= h.held_bytes)
     })?;
     let sibling = r
         .processes
@@ -288,13 +295,18 @@ fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
         ),
         _ => String::new(),
     };
+    let failing = if r.failures.iter().any(|f| f.pid == h.pid) {
+        ""
+    } else {
+        " without failing itself"
+    };
     Some(format!(
-        "pid {} ({}) held {} of the {} in use without failing itself{beyond}: if it keeps every \
+        "pid {} ({}) held {} of the {} in use{failing}{beyond}: if it keeps every \
          segment it receives, a bigger /dev/shm only postpones the failure, and the job needs \
          what it keeps by its end (--verify tells)",
         h.pid,
         h.comm,
-        human_bytes(h.held_bytes),
+        human_bytes(h.held_bytes.min(used)),
         human_bytes(used)
     ))
 }
