@@ -160,12 +160,13 @@ pub struct NodeArgs {
     pub ns_grace: u64,
 
     /// Node-wide: the identity labels metrics carry, a comma-separated
-    /// subset of namespace,pod,container (fewer labels, fewer series; the
-    /// series a dropped label split are summed). Never a pid.
+    /// subset of namespace,pod,container,container_id (fewer labels, fewer
+    /// series; the series a dropped label split are summed). container_id
+    /// is `<runtime>://<id>`, as kube-state-metrics writes it. Never a pid.
     #[arg(
         long,
         value_name = "LABELS",
-        default_value = "namespace,pod,container",
+        default_value = "namespace,pod,container,container_id",
         conflicts_with = "pid"
     )]
     pub metrics_labels: crate::output::metrics::LabelSet,

@@ -408,3 +408,123 @@ fn the_live_stream_follows_container_filters_as_json_lines() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The device (`major:minor`) of `/dev/shm` in `pid`'s mount namespace.
+fn shm_dev_of(pid: u32) -> String {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    // The last one: a later mount on /dev/shm hides the earlier.
+    info.lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/dev/shm"))
+        .and_then(|l| l.split(' ').nth(2))
+        .unwrap_or_else(|| panic!("no /dev/shm in {pid}'s mounts:\n{info}"))
+        .to_string()
+}
+
+/// Two containers and the host's own mounts in one scrape: each
+/// container's /dev/shm carries its name and `container_id`, the host's
+/// carry none (the runtime's setup process passes through the host's
+/// namespace in the container's cgroup, which must not name it).
+#[test]
+fn each_mount_series_names_the_container_owning_it_and_the_hosts_name_none() {
+    let (_lock, dir, root) = podman_test("labels");
+    let report = dir.join("r.json");
+    let port = 24000 + std::process::id() % 1000;
+    let mut cleanup = Cleanup::new(None);
+    let mut tracer = start_node_wide(&["--metrics", &format!("127.0.0.1:{port}")], &report);
+    cleanup.pids.push(tracer.id());
+    let names: Vec<String> = (0..2)
+        .map(|i| format!("shmtrace-lbl{i}-{}", std::process::id()))
+        .collect();
+    let _removed: Vec<Removed> = names.iter().map(|n| Removed(n.clone())).collect();
+    let mut runs = Vec::new();
+    for n in &names {
+        rm(n);
+        let script = "dd if=/dev/zero of=/dev/shm/held bs=1M count=4 2>/dev/null; sleep 30";
+        runs.push(
+            podman_run(n, &[], &root, &["/bin/sh", "-c", script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let inspect = |n: &str, what: &str| -> String {
+        let o = Command::new("podman")
+            .args(["inspect", "-f", what, n])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let mut seen = Vec::new();
+    for n in &names {
+        let mut pid = 0;
+        for _ in 0..100 {
+            pid = inspect(n, "{{.State.Pid}}").parse().unwrap_or(0);
+            if pid > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(pid > 0, "container {n} did not start");
+        seen.push((n.clone(), inspect(n, "{{.Id}}"), shm_dev_of(pid)));
+    }
+    let host_dev = shm_dev_of(std::process::id());
+    // Both containers' files seen and named (names are looked up once a
+    // tick), then one scrape.
+    let mut metrics = String::new();
+    for _ in 0..50 {
+        metrics = http_get(port, "/metrics");
+        if names.iter().all(|n| {
+            metrics.lines().any(|l| {
+                l.starts_with("shmtrace_container_shm_held_bytes{")
+                    && l.contains(&format!("container=\"{n}\""))
+            })
+        }) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let size_of = |dev: &str| -> String {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("shmtrace_tmpfs_size_bytes{") && l.contains(&format!("dev=\"{dev}\""))
+            })
+            .unwrap_or_else(|| panic!("no series for {dev}:\n{metrics}"))
+            .to_string()
+    };
+    for (n, id, dev) in &seen {
+        assert_eq!(id.len(), 64, "{id}");
+        let l = size_of(dev);
+        assert!(
+            l.contains(&format!(
+                "container=\"{n}\",container_id=\"podman://{id}\"}}"
+            )),
+            "{l}\n{metrics}"
+        );
+    }
+    let l = size_of(&host_dev);
+    assert!(
+        l.contains("namespace=\"\",pod=\"\",container=\"\",container_id=\"\"}"),
+        "the host's /dev/shm is nobody's: {l}\n{metrics}"
+    );
+    // No series of another mount carries these containers' names.
+    for l in metrics.lines().filter(|l| l.starts_with("shmtrace_tmpfs_")) {
+        for (n, _, dev) in &seen {
+            if l.contains(&format!("container=\"{n}\"")) {
+                assert!(l.contains(&format!("dev=\"{dev}\"")), "{l}");
+            }
+        }
+    }
+    let _ = std::fs::write(dir.join("../podman-two-metrics.txt"), &metrics);
+    for n in &names {
+        rm(n);
+    }
+    for mut r in runs {
+        let _ = r.wait();
+    }
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+    let _ = tracer.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -322,26 +322,20 @@ fn failing(st: &State, m: &MountStat) -> bool {
 /// Who uses mount `m`: the container or pod of a process in the namespace
 /// it is shown from, else the host, else that namespace.
 fn mount_owner(st: &State, m: &MountStat) -> String {
-    let mut in_ns: Vec<&Proc> = st.procs().all().filter(|p| p.mnt_ns == m.view_ns).collect();
-    // The living first: a name known now.
-    in_ns.sort_by_key(|p| !p.alive());
-    if let Some(c) = in_ns
-        .iter()
-        .find_map(|p| named(st, p.container.as_ref()).filter(|c| c.is_container()))
-    {
+    match st.mount_container(m.view_ns) {
         // A pod's containers share its /dev/shm: the pod is the owner.
-        return match &c.pod {
+        Some(c) => match &c.pod {
             Some(p) => format!("pod {}/{}", p.namespace, p.name),
             None => c.label(),
-        };
+        },
+        None => namespace_label(st, m.view_ns),
     }
-    namespace_label(st, m.view_ns)
 }
 
 /// The host's own mount namespace, or another one by number (a private
 /// /dev/shm made with unshare, not a container).
 fn namespace_label(st: &State, ns: u32) -> String {
-    if ns == st.self_ns() {
+    if ns == st.host_ns() || ns == st.self_ns() {
         "host".into()
     } else {
         format!("mount ns {ns}")

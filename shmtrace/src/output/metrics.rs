@@ -28,6 +28,7 @@ pub struct LabelSet {
     pub namespace: bool,
     pub pod: bool,
     pub container: bool,
+    pub container_id: bool,
 }
 
 impl Default for LabelSet {
@@ -36,6 +37,7 @@ impl Default for LabelSet {
             namespace: true,
             pod: true,
             container: true,
+            container_id: true,
         }
     }
 }
@@ -48,15 +50,17 @@ impl std::str::FromStr for LabelSet {
             namespace: false,
             pod: false,
             container: false,
+            container_id: false,
         };
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part {
                 "namespace" => l.namespace = true,
                 "pod" => l.pod = true,
                 "container" => l.container = true,
+                "container_id" => l.container_id = true,
                 x => {
                     return Err(format!(
-                        "unknown label `{x}` (use namespace, pod, container)"
+                        "unknown label `{x}` (use namespace, pod, container, container_id)"
                     ));
                 }
             }
@@ -72,6 +76,9 @@ struct Pod {
     namespace: String,
     pod: String,
     container: String,
+    /// `<runtime>://<64 hex>`, as kube-state-metrics writes a pod's
+    /// container ids: the join to its series and to the runtime's tools.
+    container_id: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -124,13 +131,23 @@ fn pod(c: Option<&Container>, keep: LabelSet) -> Pod {
             namespace: k.namespace.clone(),
             pod: k.name.clone(),
             container: k.container.name.clone().or(short).unwrap_or_default(),
+            container_id: String::new(),
         },
         None => Pod {
             namespace: String::new(),
             pod: c.pod_uid.clone().unwrap_or_default(),
             container: c.name.clone().or(short).unwrap_or_default(),
+            container_id: String::new(),
         },
     };
+    if keep.container_id
+        && let Some(id) = &c.container_id
+    {
+        p.container_id = match &c.runtime {
+            Some(rt) => format!("{rt}://{id}"),
+            None => id.clone(),
+        };
+    }
     if !keep.namespace {
         p.namespace.clear();
     }
@@ -272,19 +289,6 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
         hooks,
     );
 
-    // A mount belongs to the container of a process in the namespace it
-    // is seen from (live ones first; a stopped container's stays named).
-    let mut ns_container: BTreeMap<u32, Option<&Container>> = BTreeMap::new();
-    for p in st
-        .procs()
-        .all()
-        .filter(|p| !p.alive())
-        .chain(st.procs().alive())
-    {
-        if let Some(c) = p.container.as_ref() {
-            ns_container.insert(p.mnt_ns, Some(named(st, Some(c)).unwrap_or(c)));
-        }
-    }
     let size = Family::<MountLabels, Gauge>::default();
     let used = Family::<MountLabels, Gauge>::default();
     let peak = Family::<MountLabels, Gauge>::default();
@@ -294,7 +298,9 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
         let labels = MountLabels {
             mountpoint: m.mountpoint.clone().unwrap_or_default(),
             dev: m.dev.to_string(),
-            pod: pod(ns_container.get(&m.view_ns).copied().flatten(), keep),
+            // The container owning the namespace it is seen from; none
+            // for the host's own mounts.
+            pod: pod(st.mount_container(m.view_ns), keep),
         };
         if let Some(v) = m.size_bytes {
             size.get_or_create(&labels).set(v as i64);

@@ -61,9 +61,9 @@ fn renders_mounts_failures_and_losses_with_escaped_labels() {
     let mut c = Counters::default();
     c.lost.events_ring = 7;
     let text = render(&st, &c, LabelSet::default(), Format::OpenMetrics);
-    assert!(text.contains("shmtrace_tmpfs_memory_room_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 50331648"), "{text}");
-    assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\"} 67108864"), "{text}");
-    assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\"} 3"), "{text}");
+    assert!(text.contains("shmtrace_tmpfs_memory_room_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\",container_id=\"\"} 50331648"), "{text}");
+    assert!(text.contains("shmtrace_tmpfs_size_bytes{mountpoint=\"/dev/shm\",dev=\"0:40\",namespace=\"\",pod=\"\",container=\"\",container_id=\"\"} 67108864"), "{text}");
+    assert!(text.contains("shmtrace_shm_failures_total{reason=\"tmpfs_full\",kind=\"enospc\",namespace=\"\",pod=\"\",container=\"\",container_id=\"\"} 3"), "{text}");
     assert!(
         text.contains("shmtrace_events_lost_total{stage=\"events_ring\"} 7"),
         "{text}"
@@ -195,4 +195,115 @@ fn label_sets_parse_and_pods_are_named() {
         ("ml", "job-0", "w")
     );
     assert_eq!(pod(Some(&c), keep).container, "");
+}
+
+#[test]
+fn mounts_carry_the_container_owning_their_namespace_and_the_hosts_none() {
+    use crate::host::mountinfo::{Mount, Usage};
+    let host_shm = Dev(27);
+    let mut host = Fixture::with_shm(host_shm, 64 << 20);
+    host.namespaces.insert(1, SELF_NS);
+    let ids = [
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210",
+    ];
+    let (ns, devs) = ([4026532901u32, 4026532902], [Dev(41), Dev(42)]);
+    for i in 0..2 {
+        host.mounts.insert(
+            ns[i],
+            vec![Mount {
+                dev: devs[i],
+                mountpoint: "/dev/shm".into(),
+                fstype: "tmpfs".into(),
+                noexec: false,
+            }],
+        );
+        host.usage.insert(
+            devs[i],
+            Usage {
+                size_bytes: 64 << 20,
+                used_bytes: 1 << 20,
+                inodes: 1000,
+                inodes_used: 2,
+            },
+        );
+        host.cgroup_ids
+            .insert(500 + i as u64, format!("/libpod_parent/libpod-{}", ids[i]));
+    }
+    let mut st = State::new(0, &mut host);
+    let h = |pid: u32, mnt_ns: u32, cgroup_id: u64| Header {
+        ts_ns: 10,
+        pid,
+        tid: pid,
+        ppid: 1,
+        ns_pid: 0,
+        mnt_ns,
+        cgroup_id,
+        memcg_id: 0,
+        comm: "w".into(),
+    };
+    // The first container's `runc init`: in its cgroup, still in the
+    // host's namespace; then each container's process in its own.
+    st.apply(
+        &Event::Fork {
+            h: h(150, SELF_NS, 500),
+            child: 151,
+        },
+        &mut host,
+    );
+    for i in 0..2 {
+        let pid = 100 + 100 * i as u32;
+        let file = FileRef {
+            dev: devs[i],
+            ino: 2,
+            name: Some("seg".into()),
+            size: 1 << 20,
+            allocated: 1 << 20,
+            unlinked: false,
+            mount: MountPages {
+                dev: devs[i],
+                max_pages: 0,
+                used_pages: 0,
+            },
+        };
+        st.apply(
+            &Event::Opened {
+                h: h(pid, ns[i], 500 + i as u64),
+                syscall: Syscall::Openat,
+                fd: Some(3),
+                flags: libc::O_CREAT as u64,
+                file,
+            },
+            &mut host,
+        );
+    }
+    st.tick(&mut host);
+    let text = render(&st, &Counters::default(), LabelSet::default(), Format::Text);
+    let size_line = |dev: &str| {
+        text.lines()
+            .find(|l| l.starts_with("shmtrace_tmpfs_size_bytes{") && l.contains(dev))
+            .unwrap_or_else(|| panic!("no size of {dev}:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        size_line("dev=\"0:27\"")
+            .contains("namespace=\"\",pod=\"\",container=\"\",container_id=\"\"}"),
+        "the host's /dev/shm is nobody's:\n{text}"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        let l = size_line(&format!("dev=\"0:{}\"", 41 + i));
+        assert!(
+            l.contains(&format!(
+                "container=\"{}\",container_id=\"podman://{id}\"}}",
+                &id[..12]
+            )),
+            "{l}\n{text}"
+        );
+    }
+    // Each container holds its own file: one series each.
+    let held: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("shmtrace_container_shm_held_bytes{"))
+        .collect();
+    assert_eq!(held.len(), 2, "{text}");
 }

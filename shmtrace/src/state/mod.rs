@@ -54,6 +54,9 @@ pub struct State {
     start_ns: u64,
     /// shmtrace's own mount namespace: the host's view.
     self_ns: u32,
+    /// The host's mount namespace: init's (pid 1, with hostPID the node's),
+    /// else shmtrace's own. No container owns it, whatever ran in it.
+    host_ns: u32,
     /// Node-wide: an exec reads nothing (every process start on the node
     /// comes here). Tracing a job: its few execs read what they used to
     /// (command line, mounts, container) while the process surely lives.
@@ -94,6 +97,7 @@ impl State {
         let mut s = Self {
             start_ns,
             self_ns: host.self_ns(),
+            host_ns: host.mnt_ns(1).unwrap_or_else(|| host.self_ns()),
             lazy_exec: false,
             ns_dev_reread: Default::default(),
             ns_first_exec: Default::default(),
@@ -141,6 +145,28 @@ impl State {
     /// shmtrace's own mount namespace: what the host sees.
     pub fn self_ns(&self) -> u32 {
         self.self_ns
+    }
+
+    /// The host's mount namespace (init's, else shmtrace's own).
+    pub fn host_ns(&self) -> u32 {
+        self.host_ns
+    }
+
+    /// The container that owns mount namespace `ns`: that of a process
+    /// living (else once living) in it, named as known now. None for the
+    /// host's namespace: a runtime's setup process (`runc init`) is in a
+    /// container's cgroup before it leaves the host's namespace, and that
+    /// does not make the host's mounts the container's.
+    pub fn mount_container(&self, ns: u32) -> Option<&containers::Container> {
+        if ns == self.host_ns {
+            return None;
+        }
+        let mut in_ns: Vec<&Proc> = self.procs.all().filter(|p| p.mnt_ns == ns).collect();
+        in_ns.sort_by_key(|p| !p.alive());
+        in_ns.iter().find_map(|p| {
+            let c = p.container.as_ref()?;
+            Some(self.containers.by_cgroup(&c.cgroup).unwrap_or(c)).filter(|c| c.is_container())
+        })
     }
 
     /// Node-wide: execs read nothing from /proc (see [`State::apply`]).
