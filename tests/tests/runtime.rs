@@ -516,7 +516,6 @@ fn each_mount_series_names_the_container_owning_it_and_the_hosts_name_none() {
             }
         }
     }
-    let _ = std::fs::write(dir.join("../podman-two-metrics.txt"), &metrics);
     for n in &names {
         rm(n);
     }

@@ -254,18 +254,19 @@ pub fn diagnose(r: &Scope) -> Option<Diagnosis> {
     })
 }
 
-/// A process other than the first to fail that held more than half of the mount's use
-/// at the first failure. A DataLoader's main process holding its prefetched
-/// batches (up to `in_flight`), and sibling workers of the libraries that
-/// share segments between processes, are the design, not a hoard.
+/// A process other than the first to fail that held more than half of the
+/// mount's use at the first failure. A DataLoader's main process holding its
+/// prefetched batches (up to `in_flight`), and sibling workers of the
+/// libraries that share segments between processes, are the design, not a
+/// hoard.
 fn hoarder(r: &Scope, user: User, in_flight: u64) -> Option<String> {
     let first = r.first_failure?;
     let used = first.mount.as_ref()?.used_bytes?;
     // Never "more than in use" (shared mappings counted in each process;
     // a sixteenth of slack, as the mount's use and the holders' files are
-    // read a few pages apart), and not one that failed along with the first (within 10 ms) on
-    // segments it mostly shares: a parallel query's workers, which all map
-    // the same segments. A consumer keeping what producers send shares
+    // read a few pages apart), and not one that failed along with the first
+    // (within 10 ms) on segments it mostly shares: a parallel query's
+    // workers, which all map the same segments. A consumer keeping what producers send shares
     // those too, so sharing alone does not clear a holder.
     let failed_with_it = |pid: u32| {
         r.failures

@@ -15,7 +15,7 @@ use super::{
     fit::{Section, allot, fit, pad},
 };
 use crate::{
-    state::{State, containers::Container, failures::Failure, mount_stats::MountStat, procs::Proc},
+    state::{State, failures::Failure, mount_stats::MountStat, procs::Proc},
     units::human_bytes,
 };
 
@@ -130,13 +130,13 @@ impl Live {
             .all()
             .iter()
             .filter(|f| !self.streamed.contains(&(f.pid, f.ts_ns)))
-            .filter(|f| self.filter.matches(named(st, f.container.as_ref())))
+            .filter(|f| self.filter.matches(st.named(f.container.as_ref())))
             .collect();
         new.sort_by_key(|f| f.ts_ns);
         for f in new {
             self.streamed.insert((f.pid, f.ts_ns));
             let mut f = crate::analysis::causes::worded(f);
-            if let Some(c) = named(st, f.container.as_ref()) {
+            if let Some(c) = st.named(f.container.as_ref()) {
                 f.container = Some(c.clone());
             }
             if let Ok(line) =
@@ -149,7 +149,7 @@ impl Live {
     }
 
     fn shows(&self, st: &State, p: &Proc) -> bool {
-        self.filter.matches(named(st, p.container.as_ref()))
+        self.filter.matches(st.named(p.container.as_ref()))
     }
 
     /// -o json, at the end: one line per incident (each failing mount's own
@@ -384,7 +384,7 @@ fn failure_row(st: &State, f: &Failure) -> String {
         .as_ref()
         .and_then(|m| m.mountpoint.as_deref())
         .unwrap_or("?");
-    let owner = match named(st, f.container.as_ref()).filter(|c| c.is_container()) {
+    let owner = match st.named(f.container.as_ref()).filter(|c| c.is_container()) {
         Some(c) => c.label(),
         None => namespace_label(st, f.mnt_ns),
     };
@@ -423,11 +423,6 @@ fn pct(a: u64, b: u64) -> f64 {
     }
 }
 
-/// A container as known now (names found after the fact included).
-fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
-    c.map(|c| st.containers().by_cgroup(&c.cgroup).unwrap_or(c))
-}
-
 impl Live {
     /// Mounts shown: with a filter, those seen from a namespace where a
     /// process that passes it lives (or lived).
@@ -458,7 +453,7 @@ impl Live {
         st.failures()
             .all()
             .iter()
-            .filter(|f| self.filter.matches(named(st, f.container.as_ref())))
+            .filter(|f| self.filter.matches(st.named(f.container.as_ref())))
             .collect()
     }
 
@@ -477,7 +472,7 @@ impl Live {
     fn top_containers(&self, st: &State) -> Vec<(String, u64)> {
         let mut by: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
         for p in st.procs().alive().filter(|p| self.shows(st, p)) {
-            if let Some(c) = named(st, p.container.as_ref()) {
+            if let Some(c) = st.named(p.container.as_ref()) {
                 by.entry(c.label()).or_default().insert(p.pid);
             }
         }

@@ -160,11 +160,6 @@ fn pod(c: Option<&Container>, keep: LabelSet) -> Pod {
     p
 }
 
-/// A failure's container as known now (its names may have come later).
-fn named<'a>(st: &'a State, c: Option<&'a Container>) -> Option<&'a Container> {
-    c.map(|c| st.containers().by_cgroup(&c.cgroup).unwrap_or(c))
-}
-
 /// The two exposition formats Prometheus scrapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -372,7 +367,7 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
             .get_or_create(&FailureLabels {
                 reason: f.reason.name().to_string(),
                 kind: f.kind.to_string(),
-                pod: pod(named(st, f.container.as_ref()), keep),
+                pod: pod(st.named(f.container.as_ref()), keep),
             })
             .inc_by(1 + f.repeats);
     }
@@ -387,7 +382,7 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
         if creator.is_some_and(|p| p.alive()) {
             continue;
         }
-        let c = creator.and_then(|p| named(st, p.container.as_ref()));
+        let c = creator.and_then(|p| st.named(p.container.as_ref()));
         leftover
             .get_or_create(&pod(c, keep))
             .inc_by(f.allocated_bytes as i64);
@@ -415,7 +410,7 @@ fn openmetrics(st: &State, counters: &Counters, keep: LabelSet) -> String {
             .all()
             .iter()
             .find(|f| f.incident == i.id)
-            .and_then(|f| named(st, f.container.as_ref()));
+            .and_then(|f| st.named(f.container.as_ref()));
         let labels = pod(c, keep);
         incidents.get_or_create(&labels).inc();
         open.get_or_create(&labels).inc_by(i64::from(i.is_open()));

@@ -161,12 +161,24 @@ impl State {
         if ns == self.host_ns {
             return None;
         }
-        let mut in_ns: Vec<&Proc> = self.procs.all().filter(|p| p.mnt_ns == ns).collect();
-        in_ns.sort_by_key(|p| !p.alive());
-        in_ns.iter().find_map(|p| {
-            let c = p.container.as_ref()?;
-            Some(self.containers.by_cgroup(&c.cgroup).unwrap_or(c)).filter(|c| c.is_container())
-        })
+        // The living first: a name known now.
+        self.procs
+            .alive()
+            .chain(self.procs.all().filter(|p| !p.alive()))
+            .filter(|p| p.mnt_ns == ns)
+            .find_map(|p| {
+                self.named(p.container.as_ref())
+                    .filter(|c| c.is_container())
+            })
+    }
+
+    /// A process's or failure's container as known now: its names may
+    /// have been found after it was recorded.
+    pub fn named<'a>(
+        &'a self,
+        c: Option<&'a containers::Container>,
+    ) -> Option<&'a containers::Container> {
+        c.map(|c| self.containers.by_cgroup(&c.cgroup).unwrap_or(c))
     }
 
     /// Node-wide: execs read nothing from /proc (see [`State::apply`]).
